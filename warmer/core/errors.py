@@ -1,0 +1,43 @@
+"""Error types that cross layers. Adapters raise these; services decide what they mean."""
+
+from __future__ import annotations
+
+
+class WarmerError(Exception):
+    """Base of every error warmer raises on purpose."""
+
+
+class EngineError(WarmerError):
+    """An engine call failed: transport, status, or a body we cannot trust."""
+
+    def __init__(self, box_id: str, message: str, *, transient: bool = False) -> None:
+        super().__init__(f"{box_id}: {message}")
+        self.box_id = box_id
+        self.transient = transient
+
+
+class EngineUnavailable(EngineError):
+    """The engine did not answer, or answered 5xx / 503-while-starting (worth retrying)."""
+
+    def __init__(self, box_id: str, message: str) -> None:
+        super().__init__(box_id, message, transient=True)
+
+
+class MalformedResponse(EngineError):
+    """The engine answered, but the body is not what its documented shape promises."""
+
+
+class CacheFieldMissing(MalformedResponse):
+    """The body lacks the field that reports cached tokens (e.g. a server flag is off)."""
+
+
+class NotSupported(EngineError):
+    """The engine kind cannot do this (e.g. tokenize chat messages); fall back to local rendering."""
+
+
+class ConfigError(WarmerError):
+    """Configuration is invalid; `problems` lists each as (field path, message)."""
+
+    def __init__(self, problems: list[tuple[str, str]]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))

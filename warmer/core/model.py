@@ -1,0 +1,234 @@
+"""Domain structs shared by every layer. Frozen dataclasses: values, not services."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+
+
+class EngineKind(enum.StrEnum):
+    SGLANG = "sglang"
+    VLLM = "vllm"
+    LLAMACPP = "llamacpp"
+    OPENAI = "openai"
+
+
+@dataclass(frozen=True, slots=True)
+class SampledRequest:
+    """A request that compiles the sampling kernels (temperature > 0)."""
+
+    prompt: str = "Say hello."
+    max_tokens: int = 8
+    temperature: float = 0.7
+
+
+@dataclass(frozen=True, slots=True)
+class ConstrainedRequest:
+    """A request with constrained output, so the grammar backend loads before real traffic needs it."""
+
+    prompt: str = "Reply with a JSON object."
+    json_schema: dict[str, object] = field(
+        default_factory=lambda: {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+        }
+    )
+    max_tokens: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRecipe:
+    """What a fresh engine process gets before real traffic, in this order, then the prefixes."""
+
+    sampled: SampledRequest | None = field(default_factory=SampledRequest)
+    constrained: ConstrainedRequest | None = field(default_factory=ConstrainedRequest)
+    burst_levels: tuple[int, ...] = (1, 4, 16)  # concurrency levels, capped at the box's slot count
+    burst_max_tokens: int = 4
+    long_prefill_tokens: int = 0  # 0 = context length minus a margin
+    long_prefill_margin_tokens: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """Facts about a served model that change how it is warmed (one `models/*.toml`)."""
+
+    name: str
+    engine: EngineKind
+    served_model_name: str = ""  # the `model` field sent to the engine; "" = the engine's default
+    running_state: bool = False  # hybrid / Mamba-style models need several warm requests per prefix
+    warm_requests_per_prefix: int = 1
+    slots: int = 1
+    context_length: int = 4096
+    block_tokens: int = 1  # cache granularity: a hit is counted in whole blocks (vLLM CPU: 128)
+    restart: RestartRecipe = field(default_factory=RestartRecipe)
+    chat_template: str | None = None  # jinja2 source, when the engine cannot render for us
+    tokenizer_file: str | None = None  # a `tokenizers` JSON file, when the engine cannot tokenize
+    bos_token: str = ""
+    eos_token: str = ""
+    keepalive_seconds: float = 240.0  # touch a warm prefix again this often (just under eviction)
+
+
+@dataclass(frozen=True, slots=True)
+class BoxSpec:
+    """One engine endpoint (a GPU server or DP rank) as configured."""
+
+    id: str
+    base_url: str
+    engine: EngineKind
+    model: str  # name of a ModelProfile
+    slots: int = 1
+    group: str = ""  # optional placement group (e.g. a rack, a region, a dedicated pool)
+    cache_capacity_tokens: int | None = None  # prefix tokens the box can hold, when known
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("box id must not be empty")
+        if self.slots < 1:
+            raise ValueError("box slots must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class Prefix:
+    """An agent's exact stable prefix, as the warm request will send it.
+
+    `text` is the rendered prompt text up to the stable boundary; `token_ids`, when known, are the
+    engine's own tokens for it (sending ids makes the cached run end exactly at the boundary).
+    """
+
+    text: str
+    token_count: int
+    token_ids: tuple[int, ...] | None = None
+    model: str = ""
+
+    @property
+    def hash(self) -> str:
+        return prefix_hash(self.text, self.token_ids)
+
+
+def prefix_hash(text: str, token_ids: tuple[int, ...] | None = None) -> str:
+    """Identity of a prefix: two agents whose prefixes are byte-identical share one cache entry."""
+    digest = hashlib.sha256()
+    if token_ids is not None:
+        digest.update(b"ids:")
+        digest.update(",".join(map(str, token_ids)).encode())
+    else:
+        digest.update(b"text:")
+        digest.update(text.encode())
+    return digest.hexdigest()[:32]
+
+
+class WarmState(enum.StrEnum):
+    """Life of one (box, epoch, prefix). `warm` only ever means "the engine reported the hit"."""
+
+    COLD = "cold"
+    WARMING = "warming"
+    WARM = "warm"
+    FAILED = "failed"
+    STALE = "stale"  # keepalive due: still believed warm, touch it again
+    EVICTED = "evicted"  # a probe or the hit rate says the engine no longer holds it
+
+
+class PhaseName(enum.StrEnum):
+    """Restart warm-up phases, in the order they run."""
+
+    SAMPLED = "sampled"
+    CONSTRAINED = "constrained"
+    BURST = "burst"
+    LONG_PREFILL = "long_prefill"
+    PREFIXES = "prefixes"
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionReport:
+    """What one engine request told us: how many prompt tokens, how many of them came from cache."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    wall_seconds: float
+    engine_seconds: float | None = None  # the engine's own prefill+decode time when it reports one
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """An engine's own cumulative prefix-cache counters (tokens), for hit rates between two scrapes."""
+
+    queried_tokens: float | None  # prompt tokens looked up in the cache
+    hit_tokens: float | None  # of those, tokens served from cache
+    hit_rate: float | None = None  # when the engine reports a rate instead of counters (SGLang)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmRecord:
+    """Warm state of one prefix on one box in one epoch."""
+
+    box_id: str
+    epoch: str
+    prefix_hash: str
+    state: WarmState
+    prefix_tokens: int
+    verified_cached_tokens: int | None = None
+    attempts: int = 0
+    last_error: str | None = None
+    updated_at: float = 0.0  # unix seconds
+    warmed_at: float | None = None
+    verified_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRecord:
+    box_id: str
+    epoch: str
+    phase: PhaseName
+    started_at: float
+    finished_at: float | None = None
+    engine_seconds: float | None = None
+    requests: int = 0
+    ok: bool | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Campaign:
+    """A dialer schedule entry: its agent's prefixes are warm from `starts_at - lead` until `ends_at`."""
+
+    id: str
+    agent_id: str
+    starts_at: float
+    ends_at: float
+    expected_calls: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One line of the append-only history."""
+
+    at: float
+    kind: str
+    box_id: str | None = None
+    agent_id: str | None = None
+    epoch: str | None = None
+    prefix_hash: str | None = None
+    detail: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries as data (from settings): how often and how patiently a transient failure is retried."""
+
+    attempts: int = 3  # total tries, including the first
+    initial_backoff_seconds: float = 0.2
+    max_backoff_seconds: float = 2.0
+    jitter_seconds: float = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTimeouts:
+    """Per-call bounds on engine traffic, in seconds."""
+
+    connect: float = 2.0
+    health: float = 3.0
+    request: float = 60.0  # one warm / probe request (a long cold prefill may take a while)
+    long_request: float = 300.0  # restart warm-up long prefill and bursts

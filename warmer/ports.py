@@ -1,0 +1,128 @@
+"""Ports: the Protocols services depend on. Adapters implement them; unit tests fake them here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from warmer.core.model import (
+    BoxSpec,
+    CacheStats,
+    Campaign,
+    CompletionReport,
+    LoggedEvent,
+    PhaseRecord,
+    Prefix,
+    WarmRecord,
+    WarmState,
+)
+
+
+class Clock(Protocol):
+    """Time as the daemon sees it; a fake one makes keepalive and campaigns testable without sleeping."""
+
+    def now(self) -> float:
+        """Unix seconds."""
+        ...
+
+    def monotonic(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class EnginePort(Protocol):
+    """One engine box, spoken to in its own dialect. Every call has a timeout and a typed failure."""
+
+    async def health(self, box: BoxSpec) -> bool:
+        """True when the engine answers its health endpoint as ready to serve."""
+        ...
+
+    async def epoch(self, box: BoxSpec) -> str:
+        """Identity of the running engine process; changes when it restarts."""
+        ...
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        """Send the prefix (plus an optional short suffix) greedily; report cached prompt tokens."""
+        ...
+
+    async def complete_prompt(
+        self,
+        box: BoxSpec,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        json_schema: dict[str, object] | None = None,
+    ) -> CompletionReport:
+        """A plain request, used by the restart warm-up (sampled, constrained, bursts, long prefill)."""
+        ...
+
+    async def render_chat(
+        self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
+    ) -> str:
+        """The prompt text the engine builds from chat messages (+ tools, generation prompt)."""
+        ...
+
+    async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
+        """The engine's own token ids for `text`, as a completion request of that text would see them."""
+        ...
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        """The engine's cumulative prefix-cache counters."""
+        ...
+
+
+class StorePort(Protocol):
+    """Durable warm state. Every write is atomic; history is append-only."""
+
+    async def sync_boxes(self, boxes: Sequence[BoxSpec]) -> None: ...
+
+    async def record_epoch(self, box_id: str, epoch: str, at: float) -> bool:
+        """Remember the box's current epoch; True when it differs from the last one recorded."""
+        ...
+
+    async def current_epoch(self, box_id: str) -> str | None: ...
+
+    async def record_prefix(
+        self, agent_id: str, spec_hash: str, prefix: Prefix, *, engine_version: str, at: float
+    ) -> None: ...
+
+    async def get_warm(self, box_id: str, epoch: str, prefix_hash: str) -> WarmRecord | None: ...
+
+    async def list_warm(self, *, box_id: str | None = None, epoch: str | None = None) -> list[WarmRecord]: ...
+
+    async def put_warm(self, record: WarmRecord, *, reason: str, previous: WarmState | None) -> None:
+        """Write the record and append a transition event, in one transaction."""
+        ...
+
+    async def put_phase(self, record: PhaseRecord) -> None: ...
+
+    async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]: ...
+
+    async def put_campaign(self, campaign: Campaign) -> None: ...
+
+    async def delete_campaign(self, campaign_id: str) -> bool: ...
+
+    async def list_campaigns(self) -> list[Campaign]: ...
+
+    async def remember_webhook(self, event_id: str, kind: str, body_sha256: str, at: float) -> bool:
+        """Record a received webhook; False when that event id was already seen (idempotency)."""
+        ...
+
+    async def append_event(self, event: LoggedEvent) -> None: ...
+
+    async def events(self, *, box_id: str | None = None, limit: int = 100) -> list[LoggedEvent]: ...
+
+
+class GatewayPort(Protocol):
+    """A router in front of the boxes (e.g. SGLang Model Gateway): workers in, workers out."""
+
+    async def register(self, box: BoxSpec) -> None: ...
+
+    async def deregister(self, box: BoxSpec) -> None: ...
+
+    async def registered(self) -> set[str]:
+        """Base URLs the gateway currently routes to."""
+        ...
