@@ -115,6 +115,15 @@ class StorePort(Protocol):
 
     async def events(self, *, box_id: str | None = None, limit: int = 100) -> list[LoggedEvent]: ...
 
+    async def drop_other_epochs(self, box_id: str, keep_epoch: str) -> int:
+        """Delete the box's warm records of every epoch but `keep_epoch` (they died with their
+        process); epochs, phases and the event log keep the history. Returns how many went."""
+        ...
+
+    async def ping(self) -> None:
+        """Round-trip to the database (for /readyz); raises StoreUnavailable when it does not answer."""
+        ...
+
 
 class GatewayPort(Protocol):
     """A router in front of the boxes (e.g. SGLang Model Gateway): workers in, workers out."""

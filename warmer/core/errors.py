@@ -41,3 +41,11 @@ class ConfigError(WarmerError):
     def __init__(self, problems: list[tuple[str, str]]) -> None:
         self.problems = problems
         super().__init__("; ".join(f"{path}: {msg}" for path, msg in problems))
+
+
+class StoreError(WarmerError):
+    """The warm-state store refused a write (e.g. a record for a box or epoch it does not know)."""
+
+
+class StoreUnavailable(StoreError):
+    """The database did not answer or was locked past its timeout (worth retrying)."""
