@@ -49,3 +49,11 @@ class StoreError(WarmerError):
 
 class StoreUnavailable(StoreError):
     """The database did not answer or was locked past its timeout (worth retrying)."""
+
+
+class GatewayError(WarmerError):
+    """The router in front of the boxes refused or failed a worker change; `transient` if worth retrying."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
