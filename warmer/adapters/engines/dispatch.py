@@ -1,0 +1,95 @@
+"""One EnginePort for the whole fleet: delegates on `box.engine`, bounds warm traffic per box."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+
+from warmer.core.errors import EngineError, NotSupported
+from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, Prefix
+from warmer.ports import EnginePort
+
+
+class EngineDispatcher:
+    """EnginePort that routes each call to the adapter for the box's engine kind.
+
+    Warm requests (`complete_prefix`) take a per-box semaphore so warming never becomes a box's load,
+    however many prefixes, agents or callers want it at once. Restart warm-up requests
+    (`complete_prompt`) are not throttled here: their bursts must reach the slot count on purpose.
+
+    With `boxes` given, only those boxes (same id and base URL) are ever called: the daemon talks only to
+    engines registered in its fleet.
+    """
+
+    def __init__(
+        self,
+        engines: Mapping[EngineKind, EnginePort],
+        *,
+        warm_concurrency_per_box: int = 1,
+        boxes: Iterable[BoxSpec] | None = None,
+    ) -> None:
+        if warm_concurrency_per_box < 1:
+            raise ValueError(f"warm_concurrency_per_box must be >= 1, got {warm_concurrency_per_box}")
+        self._engines = dict(engines)
+        self._limit = warm_concurrency_per_box
+        self._semaphores: dict[str, asyncio.Semaphore] = {}
+        self._registered: dict[str, str] | None = None
+        if boxes is not None:
+            self.register(boxes)
+
+    def register(self, boxes: Iterable[BoxSpec]) -> None:
+        """Replace the set of boxes this dispatcher may call (e.g. after a config reload)."""
+        self._registered = {box.id: box.base_url for box in boxes}
+
+    def _engine(self, box: BoxSpec) -> EnginePort:
+        if self._registered is not None and self._registered.get(box.id) != box.base_url:
+            raise EngineError(box.id, f"box {box.id!r} at {box.base_url!r} is not registered in the fleet")
+        try:
+            return self._engines[box.engine]
+        except KeyError:
+            raise NotSupported(
+                box.id, f"no adapter configured for engine kind {box.engine.value!r}"
+            ) from None
+
+    def warm_slots(self, box_id: str) -> asyncio.Semaphore:
+        semaphore = self._semaphores.get(box_id)
+        if semaphore is None:
+            semaphore = self._semaphores[box_id] = asyncio.Semaphore(self._limit)
+        return semaphore
+
+    async def health(self, box: BoxSpec) -> bool:
+        return await self._engine(box).health(box)
+
+    async def epoch(self, box: BoxSpec) -> str:
+        return await self._engine(box).epoch(box)
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        engine = self._engine(box)
+        async with self.warm_slots(box.id):
+            return await engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens)
+
+    async def complete_prompt(
+        self,
+        box: BoxSpec,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        json_schema: dict[str, object] | None = None,
+    ) -> CompletionReport:
+        return await self._engine(box).complete_prompt(
+            box, prompt, max_tokens=max_tokens, temperature=temperature, json_schema=json_schema
+        )
+
+    async def render_chat(
+        self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
+    ) -> str:
+        return await self._engine(box).render_chat(box, messages, tools)
+
+    async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
+        return await self._engine(box).tokenize(box, text)
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        return await self._engine(box).cache_stats(box)

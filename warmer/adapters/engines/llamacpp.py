@@ -1,0 +1,204 @@
+"""llama.cpp `llama-server` adapter.
+
+Sources (ggml-org/llama.cpp, tools/server/README.md):
+- POST /completion: `prompt` is a string, a list of token ids, or a mix of ids and strings; `n_predict`,
+  `temperature`, `cache_prompt`, `json_schema`. A string prompt is tokenized with BOS added; an id list is
+  used as given. The response has `content` and `timings` with `cache_n` ("number of prompt tokens reused
+  from cache") and `prompt_n` ("number of prompt tokens being processed"), `prompt_ms`, `predicted_ms`.
+  `tokens_cached` is deliberately NOT read: it is what the slot holds after the request, not the reuse.
+- GET /health: 200 `{"status": "ok"}` when ready, 503 while the model loads.
+- GET /props: `model_path`, `build_info`, `total_slots`, `default_generation_settings.n_ctx`.
+- POST /tokenize: `content`, `add_special` (default false, so BOS is omitted unless asked) -> `tokens`.
+- POST /apply-template: chat `messages` (same body as /v1/chat/completions) -> `prompt` string.
+- GET /metrics (only with `--metrics`): `llamacpp:prompt_tokens_total` (prompt tokens processed, cached ones
+  excluded since the metrics refactor that added it) and `llamacpp:prompt_tokens_cached_total`.
+
+Epoch: llama-server reports no start time or process id. The epoch is a `RestartWatch` (health down/up seen
+by this adapter, a /props fingerprint change, or `llamacpp:n_decode_total` going backwards), which also
+changes whenever warmer itself restarts. A restart that slips between two observations unseen is still
+caught by the probe: a fresh process has an empty cache, so a verification after it reports cold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+import httpx
+
+from warmer.adapters.engines.base import (
+    EngineHttp,
+    EngineRejected,
+    JsonObject,
+    RestartWatch,
+    check_cached_within_prompt,
+    count_field,
+    dig,
+    metric_sum,
+    optional_seconds,
+    parse_metrics,
+    token_list,
+)
+from warmer.core.errors import EngineError, MalformedResponse, NotSupported
+from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+
+COMPLETION_PATH = "/completion"
+
+
+class LlamaCppEngine:
+    """EnginePort for llama.cpp's native server API."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        timeouts: EngineTimeouts | None = None,
+        retry: RetryPolicy | None = None,
+        watch: RestartWatch | None = None,
+    ) -> None:
+        self._http = EngineHttp(client, timeouts=timeouts, retry=retry)
+        self._watch = watch or RestartWatch()
+
+    async def health(self, box: BoxSpec) -> bool:
+        status = await self._http.status(box, "/health")
+        up = status == 200
+        self._watch.saw_health(box.id, up)
+        return up
+
+    async def epoch(self, box: BoxSpec) -> str:
+        props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
+        fingerprint = {
+            "model_path": props.get("model_path"),
+            "build_info": props.get("build_info"),
+            "total_slots": props.get("total_slots"),
+            "n_ctx": dig(props, "default_generation_settings.n_ctx"),
+        }
+        marker = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[
+            :12
+        ]
+        decodes: float | None = None
+        try:
+            samples = parse_metrics(
+                box, await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
+            )
+            decodes = metric_sum(samples, "llamacpp:n_decode_total")
+        except EngineRejected:
+            decodes = None  # started without --metrics: the other signals still apply
+        self._watch.saw_state(box.id, marker=marker, counter=decodes)
+        return f"llamacpp-{marker}-{self._watch.epoch(box.id)}"
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        prompt: str | list[int | str]
+        if prefix.token_ids is not None:
+            # Ids are sent as-is (no BOS added), so the cached run ends exactly at the prefix boundary;
+            # a suffix string is tokenized by the server after them (mixed prompt).
+            prompt = [*prefix.token_ids, suffix] if suffix else list(prefix.token_ids)
+        else:
+            prompt = prefix.text + suffix
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0)
+
+    async def complete_prompt(
+        self,
+        box: BoxSpec,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        json_schema: dict[str, object] | None = None,
+    ) -> CompletionReport:
+        return await self._complete(
+            box,
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            json_schema=json_schema,
+            time_limit=self._http.timeouts.long_request,
+        )
+
+    async def _complete(
+        self,
+        box: BoxSpec,
+        prompt: str | list[int | str],
+        *,
+        max_tokens: int,
+        temperature: float,
+        json_schema: dict[str, object] | None = None,
+        time_limit: float | None = None,
+    ) -> CompletionReport:
+        body: JsonObject = {
+            "prompt": prompt,
+            "n_predict": max_tokens,
+            "temperature": temperature,
+            "cache_prompt": True,
+            "stream": False,
+        }
+        if json_schema is not None:
+            body["json_schema"] = json_schema
+        response, wall = await self._http.post_json(box, COMPLETION_PATH, body, time_limit=time_limit)
+        return parse_completion(box, response, wall)
+
+    async def render_chat(
+        self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
+    ) -> str:
+        body: JsonObject = {"messages": list(messages)}
+        if tools:
+            body["tools"] = list(tools)
+        try:
+            response, _ = await self._http.post_json(box, "/apply-template", body)
+        except EngineRejected as exc:
+            if exc.status in (404, 405, 501):
+                raise NotSupported(box.id, "this llama-server has no /apply-template") from exc
+            raise
+        prompt = response.get("prompt")
+        if not isinstance(prompt, str):
+            raise MalformedResponse(box.id, "/apply-template response lacks a string `prompt`")
+        return prompt
+
+    async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
+        # add_special: a string prompt on /completion gets BOS, so the ids must include it too.
+        try:
+            response, _ = await self._http.post_json(box, "/tokenize", {"content": text, "add_special": True})
+        except EngineRejected as exc:
+            if exc.status in (404, 405, 501):
+                raise NotSupported(box.id, "this llama-server has no /tokenize") from exc
+            raise
+        return token_list(box, "/tokenize", response.get("tokens"))
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        try:
+            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
+        except EngineRejected as exc:
+            raise NotSupported(box.id, "llama-server /metrics is off (start it with --metrics)") from exc
+        samples = parse_metrics(box, text)
+        cached = metric_sum(samples, "llamacpp:prompt_tokens_cached_total")
+        computed = metric_sum(samples, "llamacpp:prompt_tokens_total")
+        if cached is None or computed is None:
+            raise MalformedResponse(
+                box.id, "/metrics lacks llamacpp:prompt_tokens_cached_total or llamacpp:prompt_tokens_total"
+            )
+        return CacheStats(queried_tokens=computed + cached, hit_tokens=cached)
+
+
+def parse_completion(box: BoxSpec, body: JsonObject, wall_seconds: float) -> CompletionReport:
+    """`timings.cache_n` reused + `timings.prompt_n` computed = the prompt; never `tokens_cached`."""
+    if "error" in body and "timings" not in body:
+        raise EngineError(box.id, f"{COMPLETION_PATH} returned an error: {body['error']!r}")
+    cached = count_field(box, COMPLETION_PATH, body, "timings.cache_n", cache_field=True,
+                         hint="llama-server too old to report timings.cache_n")  # fmt: skip
+    computed = count_field(box, COMPLETION_PATH, body, "timings.prompt_n")
+    prompt_ms = optional_seconds(body, "timings.prompt_ms", scale=0.001)
+    predicted_ms = optional_seconds(body, "timings.predicted_ms", scale=0.001)
+    engine = None if prompt_ms is None else prompt_ms + (predicted_ms or 0.0)
+    content = body.get("content")
+    total = cached + computed
+    check_cached_within_prompt(box, COMPLETION_PATH, total, cached)
+    return CompletionReport(
+        prompt_tokens=total,
+        cached_tokens=cached,
+        wall_seconds=wall_seconds,
+        engine_seconds=engine,
+        text=content if isinstance(content, str) else "",
+    )

@@ -1,0 +1,100 @@
+"""vLLM OpenAI-compatible server adapter.
+
+Sources (vllm-project/vllm):
+- `/v1/completions` takes `prompt` as text or a list of token ids, `max_tokens`, `temperature`; `usage`
+  carries `prompt_tokens_details.cached_tokens` only when the server runs with
+  `--enable-prompt-tokens-details` (vllm/entrypoints/openai/cli_args.py; issue #16162 for V1).
+  On CPU the cache block is 128 tokens, so `cached_tokens` is a multiple of 128 (measured, DESIGN.md).
+- `/tokenize`: `TokenizeCompletionRequest {prompt, add_special_tokens=True}` or
+  `TokenizeChatRequest {messages, tools, add_generation_prompt=True, add_special_tokens=False}` ->
+  `{tokens, count, max_model_len}`; `/detokenize {tokens}` -> `{prompt}`
+  (vllm/entrypoints/openai/protocol.py).
+- `/health` 200 when the engine is up; `/metrics`: `vllm:prefix_cache_queries_total`,
+  `vllm:prefix_cache_hits_total` (tokens; docs/design/metrics.md "prefix_cache_hits ... in terms of number
+  of cached tokens") and `process_start_time_seconds` from the Prometheus process collector (the epoch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from warmer.adapters.engines.base import EngineRejected, JsonObject, metric_sum, parse_metrics, token_list
+from warmer.adapters.engines.openai import OpenAICompatibleEngine
+from warmer.core.errors import MalformedResponse, NotSupported
+from warmer.core.model import BoxSpec, CacheStats, Prefix
+
+
+class VllmEngine(OpenAICompatibleEngine):
+    """EnginePort for vLLM: token-id prompts, engine-side tokenizing, process start time as the epoch."""
+
+    cache_hint = "start vLLM with --enable-prompt-tokens-details"
+    kind = "vllm"
+
+    async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int]:
+        if prefix.token_ids is None:
+            return prefix.text + suffix
+        # Ids keep the cached run ending exactly at the prefix boundary; the suffix is tokenized by the
+        # engine without special tokens so nothing (e.g. a second BOS) is inserted between the two.
+        suffix_ids = await self._tokenize(box, suffix, add_special_tokens=False) if suffix else []
+        return [*prefix.token_ids, *suffix_ids]
+
+    async def _tokenize(self, box: BoxSpec, text: str, *, add_special_tokens: bool) -> list[int]:
+        body: JsonObject = {"prompt": text, "add_special_tokens": add_special_tokens}
+        model = await self._model_for(box)
+        if model is not None:
+            body["model"] = model
+        response, _ = await self._http.post_json(box, "/tokenize", body)
+        return token_list(box, "/tokenize", response.get("tokens"))
+
+    async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
+        # add_special_tokens=True is what /v1/completions does with a text prompt.
+        return await self._tokenize(box, text, add_special_tokens=True)
+
+    async def tokenize_chat(
+        self,
+        box: BoxSpec,
+        messages: Sequence[dict[str, object]],
+        tools: Sequence[dict[str, object]],
+        *,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """The token ids vLLM's chat endpoint would build from these messages and tools."""
+        body: JsonObject = {
+            "messages": list(messages),
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if tools:
+            body["tools"] = list(tools)
+        model = await self._model_for(box)
+        if model is not None:
+            body["model"] = model
+        response, _ = await self._http.post_json(box, "/tokenize", body)
+        return token_list(box, "/tokenize", response.get("tokens"))
+
+    async def render_chat(
+        self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
+    ) -> str:
+        ids = await self.tokenize_chat(box, messages, tools)
+        body: JsonObject = {"tokens": ids}
+        model = await self._model_for(box)
+        if model is not None:
+            body["model"] = model
+        try:
+            response, _ = await self._http.post_json(box, "/detokenize", body)
+        except EngineRejected as exc:
+            if exc.status in (404, 405):
+                raise NotSupported(box.id, "this vLLM has no /detokenize") from exc
+            raise
+        prompt = response.get("prompt")
+        if not isinstance(prompt, str):
+            raise MalformedResponse(box.id, "/detokenize response lacks a string `prompt`")
+        return prompt
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
+        samples = parse_metrics(box, text)
+        queries = metric_sum(samples, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
+        hits = metric_sum(samples, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
+        if queries is None or hits is None:
+            raise MalformedResponse(box.id, "/metrics lacks vllm:prefix_cache_queries_total / _hits_total")
+        return CacheStats(queried_tokens=queries, hit_tokens=hits)
