@@ -1,0 +1,533 @@
+"""Level-triggered planning: compare what should be warm with what is, and say what to do next.
+
+`plan(desired, observed, now, config)` is pure and idempotent in spirit: feed it the same world twice and it
+asks for the same things, so a missed event or a daemon restart only delays a fix by one tick. The executor
+(a service) carries out the actions in order and reports results back as warm-state events
+(`warmer.core.warmstate`). Readiness (`box_ready`) and routing (`routes`) are pure answers over the same data.
+
+Order of work per box: restart warm-up of the current epoch first (no prefix warm before it is done), then
+prefixes of agents with pre-call asks, then active campaigns, then other active agents, then keepalive
+touches, then probes. A per-box warm budget (concurrent requests, uncached tokens per second as a token
+bucket) is never exceeded by a plan, and each (box, prefix) gets at most one warm in flight.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from warmer.core.model import BoxSpec, Campaign, ModelProfile, WarmRecord, WarmState
+from warmer.core.warmstate import RetryBackoff, is_serving, retry_at
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixRef:
+    """An agent's current stable prefix, as far as planning cares: identity and size."""
+
+    hash: str
+    tokens: int
+
+
+class WarmupStatus(enum.StrEnum):
+    """Restart warm-up of one box in its current epoch."""
+
+    NOT_STARTED = "not_started"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class BoxObservation:
+    """What the engine and the store say about one box right now."""
+
+    healthy: bool
+    epoch: str | None  # None: not known yet (never answered)
+    warmup: WarmupStatus = WarmupStatus.NOT_STARTED  # for `epoch`
+    warmup_finished_at: float | None = None  # when warm-up of `epoch` ended (done or failed)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBucket:
+    """Uncached-token budget of one box: `tokens` available as of `updated_at` (may be negative = debt)."""
+
+    tokens: float
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class WarmBudget:
+    max_concurrent: int = 2  # warm/probe requests in flight on one box
+    tokens_per_second: float = 2000.0  # uncached prompt tokens per second spent on warming, on average
+    burst_tokens: float = 20000.0  # bucket size
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent < 1:
+            raise ValueError("max_concurrent must be >= 1")
+        if self.tokens_per_second <= 0:
+            raise ValueError("tokens_per_second must be > 0")
+        if self.burst_tokens <= 0:
+            raise ValueError("burst_tokens must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    budget: WarmBudget = field(default_factory=WarmBudget)
+    budget_overrides: Mapping[str, WarmBudget] = field(default_factory=dict)  # box id -> budget
+    keepalive_overrides: Mapping[str, float] = field(default_factory=dict)  # box id -> seconds
+    keepalive_jitter: float = 0.1  # touch between (1 - jitter) and 1 times the keepalive interval
+    campaign_lead_seconds: float = 300.0
+    retire_idle_after_seconds: float | None = 3600.0  # None: keep every assigned agent warm forever
+    retry: RetryBackoff = field(default_factory=RetryBackoff)
+    restart_warmup_retry_seconds: float = 30.0
+    warming_timeout_seconds: float = 300.0  # a `warming` row with nothing in flight this old is abandoned
+    probe_min_interval_seconds: float = 60.0  # probe a suspect (box, prefix) at most this often
+    ramp_seconds: float = 60.0
+    ramp_initial_weight: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.keepalive_jitter < 1.0:
+            raise ValueError("keepalive_jitter must be in [0, 1)")
+        if self.ramp_seconds < 0:
+            raise ValueError("ramp_seconds must be >= 0")
+        if not 0.0 < self.ramp_initial_weight <= 1.0:
+            raise ValueError("ramp_initial_weight must be in (0, 1]")
+        for box_id, seconds in self.keepalive_overrides.items():
+            if seconds <= 0:
+                raise ValueError(f"keepalive_overrides[{box_id!r}] must be > 0")
+
+    def budget_for(self, box_id: str) -> WarmBudget:
+        return self.budget_overrides.get(box_id, self.budget)
+
+
+WarmKey = tuple[str, str, str]  # (box id, epoch, prefix hash)
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    """What should be true.
+
+    `assignment` is the keep-warm assignment (`placement.handover(...).keep_warm`): the boxes each agent's
+    prefix must be warm on; `routing` (default: the same) is what traffic may use
+    (`handover(...).routing`). `last_activity` is agent -> last traffic time; the service seeds it with the
+    time it first saw an agent so a new agent is warmed before its first call.
+    """
+
+    boxes: Mapping[str, BoxSpec]
+    profiles: Mapping[str, ModelProfile]  # model name -> profile
+    agents: Mapping[str, PrefixRef]  # agent id -> current prefix
+    assignment: Mapping[str, tuple[str, ...]]
+    routing: Mapping[str, tuple[str, ...]] | None = None
+    campaigns: Sequence[Campaign] = ()
+    precall: frozenset[str] = frozenset()  # agents with a pending pre-call ask
+    last_activity: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What is true, as far as we know."""
+
+    boxes: Mapping[str, BoxObservation]
+    warm: Mapping[WarmKey, WarmRecord] = field(default_factory=dict)
+    in_flight: frozenset[tuple[str, str]] = frozenset()  # (box id, prefix hash) warms/probes being sent
+    buckets: Mapping[str, TokenBucket] = field(default_factory=dict)  # missing = full
+    suspect_boxes: frozenset[str] = frozenset()  # hit rate says something was evicted: probe warm prefixes
+    trusted_after: float = 0.0  # records verified before this (e.g. the daemon's start) get re-probed
+
+
+# ---------------------------------------------------------------------------------------------- actions
+
+
+class WarmReason(enum.StrEnum):
+    PRECALL = "precall"
+    CAMPAIGN = "campaign"
+    ASSIGNED = "assigned"  # an active agent's prefix is not warm here
+    KEEPALIVE = "keepalive"
+
+
+class ProbeReason(enum.StrEnum):
+    UNTRUSTED = "untrusted"  # verified before the daemon (re)started: re-verify, do not trust blindly
+    SUSPECT = "suspect"  # the box's hit rate dropped
+
+
+@dataclass(frozen=True, slots=True)
+class RunRestartWarmup:
+    """Run the model profile's restart recipe on the box, then report the phases for this epoch."""
+
+    box_id: str
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkStale:
+    """Apply `KeepaliveDue` to the record (warm -> stale); a `WarmPrefix` for it may follow."""
+
+    box_id: str
+    epoch: str
+    prefix_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPrefix:
+    """Send `requests` warm requests of the prefix (distinct short suffixes when > 1: running-state models),
+    sequentially; if the last one's cached tokens do not verify, send one bare verification request.
+
+    Record `WarmStarted` before, then `WarmVerified(cached)` or `WarmFailed(error)`. `agent_ids` share the
+    prefix here (coalesced into this one warm); use any of them to look the prefix text up.
+    """
+
+    box_id: str
+    epoch: str
+    prefix_hash: str
+    prefix_tokens: int
+    requests: int
+    reason: WarmReason
+    agent_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbePrefix:
+    """Send the prefix once (max_tokens 1) and record `ProbeWarm(cached)` or `ProbeCold(cached)`."""
+
+    box_id: str
+    epoch: str
+    prefix_hash: str
+    prefix_tokens: int
+    reason: ProbeReason
+    agent_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Retire:
+    """Stop keeping this prefix warm here: apply `Released(reason)` (no engine request)."""
+
+    box_id: str
+    epoch: str
+    prefix_hash: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class AbandonWarm:
+    """A `warming` row has nothing in flight (daemon restart, lost task): apply `WarmFailed(reason)`."""
+
+    box_id: str
+    epoch: str
+    prefix_hash: str
+    reason: str
+
+
+Action = RunRestartWarmup | MarkStale | WarmPrefix | ProbePrefix | Retire | AbandonWarm
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Actions in execution order, and the token buckets after charging them (store them for next time)."""
+
+    actions: tuple[Action, ...]
+    buckets: Mapping[str, TokenBucket]
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def jitter_unit(box_id: str, prefix_hash: str) -> float:
+    """A stable number in [0, 1) per (box, prefix): spreads keepalives without randomness in tests."""
+    digest = hashlib.blake2b(f"{box_id}\0{prefix_hash}".encode(), digest_size=8, person=b"warmer-jitter")
+    return int.from_bytes(digest.digest(), "little") / 2.0**64
+
+
+def keepalive_interval(box_id: str, prefix_hash: str, profile: ModelProfile, config: PlannerConfig) -> float:
+    base = config.keepalive_overrides.get(box_id, profile.keepalive_seconds)
+    return base * (1.0 - config.keepalive_jitter * jitter_unit(box_id, prefix_hash))
+
+
+def keepalive_due_at(record: WarmRecord, profile: ModelProfile, config: PlannerConfig) -> float | None:
+    """When the prefix should be touched again: last verification + a jittered interval just under the
+    profile's keepalive (never later than it). None when the record was never verified."""
+    if record.verified_at is None:
+        return None
+    return record.verified_at + keepalive_interval(record.box_id, record.prefix_hash, profile, config)
+
+
+def refill(bucket: TokenBucket | None, budget: WarmBudget, now: float) -> TokenBucket:
+    """The bucket as of `now`: it fills at the budget's rate up to its size (a missing bucket is full)."""
+    if bucket is None:
+        return TokenBucket(tokens=budget.burst_tokens, updated_at=now)
+    elapsed = max(0.0, now - bucket.updated_at)
+    tokens = min(budget.burst_tokens, bucket.tokens + elapsed * budget.tokens_per_second)
+    return TokenBucket(tokens=tokens, updated_at=max(now, bucket.updated_at))
+
+
+def try_spend(bucket: TokenBucket, cost: float, budget: WarmBudget) -> TokenBucket | None:
+    """Charge `cost` uncached tokens, or None when the budget cannot afford it now.
+
+    A cost larger than the whole bucket is allowed only from a full bucket, leaving debt that later refill
+    pays off: big prefixes still get warmed, and the long-run rate still holds.
+    """
+    if cost <= bucket.tokens or bucket.tokens >= budget.burst_tokens:
+        return replace(bucket, tokens=bucket.tokens - cost)
+    return None
+
+
+def campaign_active(campaign: Campaign, now: float, lead_seconds: float) -> bool:
+    return campaign.starts_at - lead_seconds <= now < campaign.ends_at
+
+
+def active_agents(desired: Desired, now: float, config: PlannerConfig) -> dict[str, WarmReason]:
+    """Agents whose prefixes we keep warm, with the most urgent reason for each."""
+    active: dict[str, WarmReason] = {}
+    idle_after = config.retire_idle_after_seconds
+    for agent_id, seen in desired.last_activity.items():
+        if idle_after is None or now - seen <= idle_after:
+            active[agent_id] = WarmReason.ASSIGNED
+    if idle_after is None:
+        for agent_id in desired.agents:
+            active[agent_id] = WarmReason.ASSIGNED
+    for campaign in desired.campaigns:
+        if campaign_active(campaign, now, config.campaign_lead_seconds):
+            active[campaign.agent_id] = WarmReason.CAMPAIGN
+    for agent_id in desired.precall:
+        active[agent_id] = WarmReason.PRECALL
+    return {agent_id: why for agent_id, why in active.items() if agent_id in desired.agents}
+
+
+_REASON_RANK = {
+    WarmReason.PRECALL: 1,
+    WarmReason.CAMPAIGN: 2,
+    WarmReason.ASSIGNED: 3,
+    WarmReason.KEEPALIVE: 4,
+}
+_PROBE_RANK = 5
+
+
+@dataclass(slots=True)
+class _Want:
+    """One (box, prefix) we want kept warm, merged over the agents that share it."""
+
+    prefix: PrefixRef
+    reason: WarmReason
+    agent_ids: list[str]
+
+
+def _wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, _Want]]:
+    wanted: dict[str, dict[str, _Want]] = {}
+    for agent_id, reason in active.items():
+        prefix = desired.agents[agent_id]
+        for box_id in desired.assignment.get(agent_id, ()):
+            per_box = wanted.setdefault(box_id, {})
+            want = per_box.get(prefix.hash)
+            if want is None:
+                per_box[prefix.hash] = _Want(prefix, reason, [agent_id])
+            else:
+                want.agent_ids.append(agent_id)
+                if _REASON_RANK[reason] < _REASON_RANK[want.reason]:
+                    want.reason = reason
+    return wanted
+
+
+# -------------------------------------------------------------------------------------------------- plan
+
+
+def plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig) -> Plan:
+    """Everything worth doing now, highest priority first, within each box's warm budget."""
+    actions: list[Action] = []
+    buckets: dict[str, TokenBucket] = dict(observed.buckets)
+    wanted = _wanted_by_box(desired, active_agents(desired, now, config))
+    records_by_box: dict[str, list[WarmRecord]] = {}
+    for record in observed.warm.values():
+        records_by_box.setdefault(record.box_id, []).append(record)
+    busy_by_box: dict[str, set[str]] = {}
+    for in_flight_box, in_flight_prefix in observed.in_flight:
+        busy_by_box.setdefault(in_flight_box, set()).add(in_flight_prefix)
+    for box_id in sorted(desired.boxes):
+        box = desired.boxes[box_id]
+        seen = observed.boxes.get(box_id)
+        profile = desired.profiles.get(box.model)
+        if seen is None or not seen.healthy or seen.epoch is None or profile is None:
+            continue
+        epoch = seen.epoch
+        if seen.warmup is WarmupStatus.NOT_STARTED or (
+            seen.warmup is WarmupStatus.FAILED
+            and now >= (seen.warmup_finished_at or 0.0) + config.restart_warmup_retry_seconds
+        ):
+            actions.append(RunRestartWarmup(box_id, epoch))
+            continue
+        if seen.warmup is not WarmupStatus.DONE:
+            continue
+        budget = config.budget_for(box_id)
+        bucket = refill(buckets.get(box_id), budget, now)
+        box_actions, bucket = _plan_box(
+            _BoxView(box_id, epoch, profile, records_by_box.get(box_id, []), busy_by_box.get(box_id, set())),
+            wanted.get(box_id, {}),
+            observed,
+            bucket,
+            budget,
+            now,
+            config,
+        )
+        buckets[box_id] = bucket
+        actions.extend(box_actions)
+    return Plan(actions=tuple(actions), buckets=buckets)
+
+
+@dataclass(frozen=True, slots=True)
+class _BoxView:
+    """One healthy, warmed-up box's slice of the observed world (indexed once per plan)."""
+
+    box_id: str
+    epoch: str
+    profile: ModelProfile
+    records: list[WarmRecord]  # every epoch; only the current one counts
+    busy: set[str]  # prefix hashes with a warm/probe in flight
+
+
+def _plan_box(
+    view: _BoxView,
+    wants: Mapping[str, _Want],
+    observed: Observed,
+    bucket: TokenBucket,
+    budget: WarmBudget,
+    now: float,
+    config: PlannerConfig,
+) -> tuple[list[Action], TokenBucket]:
+    box_id, epoch, profile, busy = view.box_id, view.epoch, view.profile, view.busy
+    current = {r.prefix_hash: r for r in view.records if r.epoch == epoch}
+    bookkeeping: list[Action] = []  # no engine traffic: never budgeted
+    for prefix_hash in sorted(current):
+        held = current[prefix_hash]
+        if held.state is WarmState.WARMING:
+            if prefix_hash not in busy and now - held.updated_at >= config.warming_timeout_seconds:
+                bookkeeping.append(AbandonWarm(box_id, epoch, prefix_hash, "warm in flight was lost"))
+        elif prefix_hash not in wants and held.state in (WarmState.WARM, WarmState.STALE):
+            bookkeeping.append(Retire(box_id, epoch, prefix_hash, "not kept warm here: idle or moved"))
+    # candidates: (rank, due time, prefix hash, action, mark-stale-first)
+    candidates: list[tuple[int, float, str, WarmPrefix | ProbePrefix, MarkStale | None]] = []
+    for prefix_hash, want in wants.items():
+        if prefix_hash in busy:
+            continue  # coalescing: one warm per (box, prefix) at a time
+        record = current.get(prefix_hash)
+        agents = tuple(sorted(want.agent_ids))
+        tokens = want.prefix.tokens
+        state = record.state if record is not None else WarmState.COLD
+        if (
+            record is None
+            or state in (WarmState.COLD, WarmState.EVICTED)
+            or (state is WarmState.FAILED and now >= retry_at(record, config.retry))
+        ):
+            warm = WarmPrefix(
+                box_id, epoch, prefix_hash, tokens, profile.warm_requests_per_prefix, want.reason, agents
+            )
+            candidates.append((_REASON_RANK[want.reason], 0.0, prefix_hash, warm, None))
+            continue
+        if state not in (WarmState.WARM, WarmState.STALE):
+            continue  # warming (handled above) or failed within its backoff
+        due = keepalive_due_at(record, profile, config)
+        if state is WarmState.STALE or (due is not None and now >= due):
+            stale = MarkStale(box_id, epoch, prefix_hash) if state is WarmState.WARM else None
+            touch = WarmPrefix(box_id, epoch, prefix_hash, tokens, 1, WarmReason.KEEPALIVE, agents)
+            candidates.append((_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, touch, stale))
+            continue
+        verified = record.verified_at if record.verified_at is not None else -math.inf
+        if verified < observed.trusted_after:
+            probe = ProbePrefix(box_id, epoch, prefix_hash, tokens, ProbeReason.UNTRUSTED, agents)
+            candidates.append((_PROBE_RANK, verified, prefix_hash, probe, None))
+        elif box_id in observed.suspect_boxes and now - verified >= config.probe_min_interval_seconds:
+            probe = ProbePrefix(box_id, epoch, prefix_hash, tokens, ProbeReason.SUSPECT, agents)
+            candidates.append((_PROBE_RANK, verified, prefix_hash, probe, None))
+
+    chosen: list[Action] = []
+    slots = budget.max_concurrent - len(busy)
+    for _, _, _, action, stale in sorted(candidates, key=lambda c: c[:3]):
+        if stale is not None:
+            chosen.append(stale)  # a due keepalive is recorded even when the budget defers the touch
+        if slots <= 0:
+            continue
+        cost = action.prefix_tokens * (action.requests if isinstance(action, WarmPrefix) else 1)
+        spent = try_spend(bucket, cost, budget)
+        if spent is None:
+            continue
+        bucket = spent
+        slots -= 1
+        chosen.append(action)
+    return bookkeeping + chosen, bucket
+
+
+# ---------------------------------------------------------------------------------- readiness and routes
+
+
+@dataclass(frozen=True, slots=True)
+class BoxReadiness:
+    ready: bool
+    reasons: tuple[str, ...]  # why not ready (empty when ready)
+    since: float | None  # when the current ready stretch began, when ready
+
+
+def box_ready(
+    box_id: str, desired: Desired, observed: Observed, now: float, config: PlannerConfig
+) -> BoxReadiness:
+    """Ready: healthy, restart warm-up of this epoch done, every kept-warm prefix here believed warm."""
+    seen = observed.boxes.get(box_id)
+    if seen is None or not seen.healthy or seen.epoch is None:
+        return BoxReadiness(False, ("unhealthy",), None)
+    if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
+        return BoxReadiness(False, (f"restart warm-up {seen.warmup.value}",), None)
+    since = seen.warmup_finished_at
+    wants = _wanted_by_box(desired, active_agents(desired, now, config)).get(box_id, {})
+    reasons: list[str] = []
+    for prefix_hash in sorted(wants):
+        record = observed.warm.get((box_id, seen.epoch, prefix_hash))
+        if record is None or not is_serving(record):
+            state = record.state.value if record is not None else WarmState.COLD.value
+            reasons.append(f"prefix {prefix_hash} {state}")
+        elif record.warmed_at is not None:
+            since = max(since, record.warmed_at)
+    if reasons:
+        return BoxReadiness(False, tuple(reasons), None)
+    return BoxReadiness(True, (), since)
+
+
+def ramp_weight(since: float, now: float, config: PlannerConfig) -> float:
+    """A small slice right after becoming warm, rising linearly to full weight over the ramp."""
+    if config.ramp_seconds <= 0:
+        return 1.0
+    elapsed = max(0.0, now - since)
+    if elapsed >= config.ramp_seconds:
+        return 1.0
+    initial = config.ramp_initial_weight
+    return initial + (1.0 - initial) * elapsed / config.ramp_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    box_id: str
+    weight: float  # (0, 1]: ramp fraction of full weight
+
+
+def routes(
+    desired: Desired, observed: Observed, now: float, config: PlannerConfig
+) -> dict[str, tuple[Route, ...]]:
+    """Per agent, in spill order: only boxes of its routing group where ITS prefix is believed warm in the
+    box's current epoch after that epoch's restart warm-up; a box losing either drops out at once."""
+    routing = desired.routing if desired.routing is not None else desired.assignment
+    result: dict[str, tuple[Route, ...]] = {}
+    for agent_id, prefix in desired.agents.items():
+        found: list[Route] = []
+        for box_id in routing.get(agent_id, ()):
+            seen = observed.boxes.get(box_id)
+            if seen is None or not seen.healthy or seen.epoch is None:
+                continue
+            if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
+                continue
+            record = observed.warm.get((box_id, seen.epoch, prefix.hash))
+            if record is None or not is_serving(record) or record.warmed_at is None:
+                continue
+            since = max(seen.warmup_finished_at, record.warmed_at)
+            found.append(Route(box_id, ramp_weight(since, now, config)))
+        result[agent_id] = tuple(found)
+    return result

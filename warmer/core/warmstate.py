@@ -1,0 +1,243 @@
+"""The warm-state machine of one (box, epoch, prefix): pure transitions over `WarmRecord`.
+
+Legal moves (anything else raises `IllegalTransition`, so a confused caller never writes a lie):
+
+    cold | evicted | stale --WarmStarted--> warming
+    failed --WarmStarted (after its backoff)--> warming
+    warming --WarmVerified (hit big enough)--> warm
+    warming --WarmVerified (hit too small) | WarmFailed--> failed
+    warm --KeepaliveDue--> stale
+    warm | stale --ProbeWarm--> warm          (a probe touched it and saw the hit)
+    warm | stale --ProbeCold--> evicted
+    any but warming --Released--> cold        (we stop vouching: agent idle or moved away)
+    any --EpochChanged(new epoch)--> cold     (warm state dies with the engine process)
+
+`warmed_at` marks the start of the current continuous warm stretch (it survives a keepalive touch, so
+readiness does not flap every keepalive); `verified_at` is the last time the engine reported the hit, and
+keepalive timing counts from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from warmer.core.errors import WarmerError
+from warmer.core.model import WarmRecord, WarmState
+
+
+class IllegalTransition(WarmerError):
+    """An event that cannot happen in the record's current state (a bug or a stale caller)."""
+
+    def __init__(self, record: WarmRecord, event: WarmEvent, detail: str = "") -> None:
+        self.record = record
+        self.event = event
+        what = f"{type(event).__name__} in state {record.state.value}"
+        where = f"{record.box_id}/{record.epoch}/{record.prefix_hash}"
+        super().__init__(f"{where}: illegal transition: {what}" + (f" ({detail})" if detail else ""))
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStarted:
+    """A warm (or keepalive touch) request is about to be sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmVerified:
+    """The engine answered the verification request with this many cached prompt tokens."""
+
+    cached_tokens: int
+    block_tokens: int = 1  # engine cache granularity (vLLM CPU: 128)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmFailed:
+    """The warm request itself failed (transport, status, malformed body)."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class KeepaliveDue:
+    """The prefix should be touched again soon; still believed warm."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeWarm:
+    """A cheap probe sent the prefix and saw the hit (it also touched the LRU)."""
+
+    cached_tokens: int
+    block_tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeCold:
+    """A probe (or the engine's hit rate) says the engine no longer holds the prefix."""
+
+    cached_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """We stop keeping this prefix warm here (agent idle, moved away, or prefix changed)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EpochChanged:
+    """The engine process changed: everything it held is gone."""
+
+    new_epoch: str
+
+
+WarmEvent = (
+    WarmStarted | WarmVerified | WarmFailed | KeepaliveDue | ProbeWarm | ProbeCold | Released | EpochChanged
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryBackoff:
+    """How long a failed prefix waits before the next warm: exponential in consecutive attempts."""
+
+    initial_seconds: float = 5.0
+    max_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.initial_seconds < 0:
+            raise ValueError("initial_seconds must be >= 0")
+        if self.max_seconds < self.initial_seconds:
+            raise ValueError("max_seconds must be >= initial_seconds")
+
+
+def is_verified(prefix_tokens: int, cached_tokens: int, block_tokens: int = 1) -> bool:
+    """True when the reported hit covers the prefix up to the engine's granularity.
+
+    Engines count hits in whole blocks (vLLM CPU: 128 tokens), so a fully cached prefix may report up to
+    one block less; llama.cpp always recomputes the last prompt token, which `block_tokens` >= 1 absorbs.
+    """
+    if prefix_tokens < 0 or cached_tokens < 0:
+        raise ValueError("prefix_tokens and cached_tokens must be >= 0")
+    if block_tokens < 1:
+        raise ValueError("block_tokens must be >= 1")
+    return cached_tokens >= prefix_tokens - block_tokens
+
+
+def is_serving(record: WarmRecord) -> bool:
+    """Believed warm right now: warm, stale, or being touched by a keepalive (warmed_at kept)."""
+    if record.state in (WarmState.WARM, WarmState.STALE):
+        return True
+    return record.state is WarmState.WARMING and record.warmed_at is not None
+
+
+def retry_at(record: WarmRecord, backoff: RetryBackoff) -> float:
+    """When a failed record may be warmed again."""
+    exponent = max(record.attempts - 1, 0)
+    delay = min(backoff.max_seconds, backoff.initial_seconds * (2.0 ** min(exponent, 60)))
+    return record.updated_at + delay
+
+
+def new_record(box_id: str, epoch: str, prefix_hash: str, prefix_tokens: int, now: float) -> WarmRecord:
+    """The implicit state of a prefix we have never warmed in this epoch."""
+    return WarmRecord(
+        box_id=box_id,
+        epoch=epoch,
+        prefix_hash=prefix_hash,
+        state=WarmState.COLD,
+        prefix_tokens=prefix_tokens,
+        updated_at=now,
+    )
+
+
+def transition(
+    record: WarmRecord, event: WarmEvent, now: float, backoff: RetryBackoff | None = None
+) -> WarmRecord:
+    """Apply one event; return the new record (the input is never changed)."""
+    state = record.state
+    if isinstance(event, EpochChanged):
+        if event.new_epoch == record.epoch:
+            raise IllegalTransition(record, event, "same epoch")
+        return WarmRecord(
+            box_id=record.box_id,
+            epoch=event.new_epoch,
+            prefix_hash=record.prefix_hash,
+            state=WarmState.COLD,
+            prefix_tokens=record.prefix_tokens,
+            updated_at=now,
+        )
+    if isinstance(event, WarmStarted):
+        if state is WarmState.FAILED:
+            ready_at = retry_at(record, backoff or RetryBackoff())
+            if now < ready_at:
+                raise IllegalTransition(record, event, f"backoff until {ready_at:.3f}")
+        elif state not in (WarmState.COLD, WarmState.EVICTED, WarmState.STALE):
+            raise IllegalTransition(record, event)
+        keep_warm_since = record.warmed_at if state is WarmState.STALE else None
+        return replace(
+            record,
+            state=WarmState.WARMING,
+            attempts=record.attempts + 1,
+            updated_at=now,
+            warmed_at=keep_warm_since,
+        )
+    if isinstance(event, WarmVerified):
+        if state is not WarmState.WARMING:
+            raise IllegalTransition(record, event)
+        if not is_verified(record.prefix_tokens, event.cached_tokens, event.block_tokens):
+            return replace(
+                record,
+                state=WarmState.FAILED,
+                verified_cached_tokens=event.cached_tokens,
+                last_error=f"not verified: cached {event.cached_tokens} of {record.prefix_tokens} tokens",
+                updated_at=now,
+                warmed_at=None,
+            )
+        return replace(
+            record,
+            state=WarmState.WARM,
+            verified_cached_tokens=event.cached_tokens,
+            attempts=0,
+            last_error=None,
+            updated_at=now,
+            warmed_at=record.warmed_at if record.warmed_at is not None else now,
+            verified_at=now,
+        )
+    if isinstance(event, WarmFailed):
+        if state is not WarmState.WARMING:
+            raise IllegalTransition(record, event)
+        return replace(record, state=WarmState.FAILED, last_error=event.error, updated_at=now, warmed_at=None)
+    if isinstance(event, KeepaliveDue):
+        if state is not WarmState.WARM:
+            raise IllegalTransition(record, event)
+        return replace(record, state=WarmState.STALE, updated_at=now)
+    if isinstance(event, ProbeWarm):
+        if state not in (WarmState.WARM, WarmState.STALE):
+            raise IllegalTransition(record, event)
+        if not is_verified(record.prefix_tokens, event.cached_tokens, event.block_tokens):
+            raise IllegalTransition(
+                record,
+                event,
+                f"cached {event.cached_tokens} of {record.prefix_tokens} is a miss: use ProbeCold",
+            )
+        return replace(
+            record,
+            state=WarmState.WARM,
+            verified_cached_tokens=event.cached_tokens,
+            updated_at=now,
+            verified_at=now,
+        )
+    if isinstance(event, ProbeCold):
+        if state not in (WarmState.WARM, WarmState.STALE):
+            raise IllegalTransition(record, event)
+        return replace(
+            record,
+            state=WarmState.EVICTED,
+            verified_cached_tokens=event.cached_tokens,
+            last_error="probe: evicted",
+            updated_at=now,
+            warmed_at=None,
+        )
+    if isinstance(event, Released):
+        if state is WarmState.WARMING:
+            raise IllegalTransition(record, event, "a warm is in flight")
+        return replace(record, state=WarmState.COLD, attempts=0, updated_at=now, warmed_at=None)
+    raise TypeError(f"unknown warm event: {event!r}")
