@@ -50,8 +50,14 @@ def sglang_generate(prompt_tokens: int, cached_tokens: int, *, text: str = "!") 
 # OpenAI API reference, completion object (https://platform.openai.com/docs/api-reference/completions/object)
 # with `usage.prompt_tokens_details.cached_tokens`; vLLM (`--enable-prompt-tokens-details`), SGLang
 # (`--enable-cache-report`) and llama-server (tools/server/README.md "Timings and context usage") fill it.
-def openai_completion(prompt_tokens: int, cached_tokens: int | None, *, details: bool = True) -> dict[str, Any]:
-    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": 1, "total_tokens": prompt_tokens + 1}
+def openai_completion(
+    prompt_tokens: int, cached_tokens: int | None, *, details: bool = True
+) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 1,
+        "total_tokens": prompt_tokens + 1,
+    }
     if details:
         usage["prompt_tokens_details"] = None if cached_tokens is None else {"cached_tokens": cached_tokens}
     return {
@@ -141,7 +147,9 @@ class Script:
     routes: dict[tuple[str, str], list[Handler | httpx.Response | Exception]] = field(default_factory=dict)
     calls: list[httpx.Request] = field(default_factory=list)
 
-    def on(self, method: str, path: str, *answers: Handler | httpx.Response | Exception | dict[str, Any]) -> Script:
+    def on(
+        self, method: str, path: str, *answers: Handler | httpx.Response | Exception | dict[str, Any]
+    ) -> Script:
         converted: list[Handler | httpx.Response | Exception] = [
             httpx.Response(200, json=a) if isinstance(a, dict) else a for a in answers
         ]

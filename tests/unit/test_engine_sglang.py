@@ -52,7 +52,7 @@ def test_missing_cached_tokens_is_cache_field_missing_not_zero() -> None:
     body = sglang_generate(150, 0)
     del body["meta_info"]["cached_tokens"]
     script = Script().on("POST", "/generate", body)
-    with pytest.raises(CacheFieldMissing, match="meta_info.cached_tokens"):
+    with pytest.raises(CacheFieldMissing, match=r"meta_info\.cached_tokens"):
         run(engine(script).complete_prefix(BOX, PREFIX))
 
 
@@ -112,7 +112,8 @@ def test_4xx_is_not_retried() -> None:
     script = Script().on("POST", "/generate", httpx.Response(400, json={"error": "bad sampling params"}))
     with pytest.raises(EngineRejected, match="HTTP 400") as caught:
         run(engine(script).complete_prefix(BOX, PREFIX))
-    assert caught.value.status == 400 and not caught.value.transient
+    assert caught.value.status == 400
+    assert not caught.value.transient
     assert script.count("/generate") == 1
 
 
@@ -139,7 +140,9 @@ def test_epoch_from_server_info_changes_with_launch_seed_and_after_health_bounce
 
 
 def test_epoch_prefers_process_start_time() -> None:
-    script = Script().on("GET", "/metrics", httpx.Response(200, text="process_start_time_seconds 1764470000.5\n"))
+    script = Script().on(
+        "GET", "/metrics", httpx.Response(200, text="process_start_time_seconds 1764470000.5\n")
+    )
     assert run(engine(script).epoch(BOX)) == "sglang-start-1764470000.5"
 
 
@@ -175,11 +178,14 @@ def test_hybrid_model_repeats_until_the_probe_hits() -> None:
     script = Script().on("POST", "/generate", answer)
     profile = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
     outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, profile, PREFIX))
-    assert outcome.verified and outcome.rounds == 2
+    assert outcome.verified
+    assert outcome.rounds == 2
     assert outcome.requests_sent == 6  # 2 warm + 1 probe, twice
     warm_texts = [b["text"] for b in script.bodies("/generate") if "#warm" in b["text"]]
-    assert len(set(warm_texts)) == 4 and all(t.startswith(PREFIX.text) for t in warm_texts)
-    assert outcome.cached_tokens == 140 and outcome.engine_seconds == pytest.approx(6 * 0.0123)
+    assert len(set(warm_texts)) == 4
+    assert all(t.startswith(PREFIX.text) for t in warm_texts)
+    assert outcome.cached_tokens == 140
+    assert outcome.engine_seconds == pytest.approx(6 * 0.0123)
 
 
 def test_hybrid_model_that_never_hits_fails_with_why_after_bounded_rounds() -> None:
@@ -190,9 +196,12 @@ def test_hybrid_model_that_never_hits_fails_with_why_after_bounded_rounds() -> N
     profile = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
     executor = WarmExecutor(engine(script), StepClock(), max_rounds_running_state=3)
     outcome = run(executor.warm_and_verify(BOX, profile, PREFIX))
-    assert not outcome.verified and outcome.rounds == 3
+    assert not outcome.verified
+    assert outcome.rounds == 3
     assert outcome.requests_sent == 9
-    assert outcome.reason is not None and "16 cached of 140" in outcome.reason and "3 round" in outcome.reason
+    assert outcome.reason is not None
+    assert "16 cached of 140" in outcome.reason
+    assert "3 round" in outcome.reason
 
 
 def test_missing_cache_field_fails_the_warm_never_verifies_it() -> None:
@@ -202,4 +211,5 @@ def test_missing_cache_field_fails_the_warm_never_verifies_it() -> None:
     profile = ModelProfile(name="m", engine=EngineKind.SGLANG)
     outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, profile, PREFIX))
     assert not outcome.verified
-    assert outcome.reason is not None and "cached_tokens" in outcome.reason
+    assert outcome.reason is not None
+    assert "cached_tokens" in outcome.reason

@@ -89,7 +89,8 @@ class EngineHttp:
             raise EngineUnavailable(box.id, f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - started
         text = response.text
-        if response.status_code >= 500:
+        # 501 Not Implemented is permanent (e.g. llama-server /metrics without --metrics): no retry.
+        if response.status_code >= 500 and response.status_code != 501:
             raise EngineUnavailable(
                 box.id, f"{method} {path} answered HTTP {response.status_code}: {_excerpt(text)}"
             )

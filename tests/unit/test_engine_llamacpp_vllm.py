@@ -1,0 +1,226 @@
+"""llama.cpp and vLLM adapter parsing over httpx.MockTransport, plus the dispatcher's routing and limits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from engine_shapes import (
+    FAST_RETRY,
+    LLAMACPP_METRICS,
+    SHORT_TIMEOUTS,
+    VLLM_METRICS,
+    Script,
+    box,
+    llamacpp_completion,
+    openai_completion,
+    run,
+)
+
+from warmer.adapters.engines.base import box_url
+from warmer.adapters.engines.dispatch import EngineDispatcher
+from warmer.adapters.engines.llamacpp import LlamaCppEngine
+from warmer.adapters.engines.vllm import VllmEngine
+from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
+from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, Prefix
+
+LLAMA = box(EngineKind.LLAMACPP)
+VLLM = box(EngineKind.VLLM)
+PREFIX_TEXT = Prefix(text="You are Ada, the clinic's receptionist.", token_count=41)
+PREFIX_IDS = Prefix(text="You are Ada.", token_count=4, token_ids=(1, 89, 112, 120))
+MODELS = {"object": "list", "data": [{"id": "tiny", "object": "model"}]}
+PROPS = {"model_path": "/m/tiny.gguf", "build_info": "b1-abc", "total_slots": 1,
+         "default_generation_settings": {"n_ctx": 4096}}  # fmt: skip
+
+
+def llama(script: Script) -> LlamaCppEngine:
+    return LlamaCppEngine(script.client(), timeouts=SHORT_TIMEOUTS, retry=FAST_RETRY)
+
+
+def vllm(script: Script) -> VllmEngine:
+    return VllmEngine(script.client(), timeouts=SHORT_TIMEOUTS, retry=FAST_RETRY)
+
+
+# -- llama.cpp -------------------------------------------------------------------------------------------
+
+
+def test_llamacpp_reads_cache_n_and_prompt_n_never_tokens_cached() -> None:
+    script = Script().on(
+        "POST", "/completion", llamacpp_completion(cache_n=38, prompt_n=9, tokens_cached=4000)
+    )
+    report = run(llama(script).complete_prefix(LLAMA, PREFIX_TEXT, suffix="\n#probe 1"))
+    assert (report.prompt_tokens, report.cached_tokens) == (47, 38)
+    assert report.engine_seconds == pytest.approx(0.015)
+    [sent] = script.bodies("/completion")
+    assert sent == {
+        "prompt": PREFIX_TEXT.text + "\n#probe 1",
+        "n_predict": 1,
+        "temperature": 0.0,
+        "cache_prompt": True,
+        "stream": False,
+    }
+
+
+def test_llamacpp_sends_token_ids_as_is_with_the_suffix_as_text() -> None:
+    script = Script().on("POST", "/completion", llamacpp_completion(4, 6))
+    eng = llama(script)
+    run(eng.complete_prefix(LLAMA, PREFIX_IDS))
+    run(eng.complete_prefix(LLAMA, PREFIX_IDS, suffix=" tail"))
+    first, second = script.bodies("/completion")
+    assert first["prompt"] == [1, 89, 112, 120]
+    assert second["prompt"] == [1, 89, 112, 120, " tail"]
+
+
+def test_llamacpp_without_cache_n_is_cache_field_missing() -> None:
+    body = llamacpp_completion(3, 4)
+    del body["timings"]["cache_n"]  # type: ignore[attr-defined]
+    script = Script().on("POST", "/completion", body)
+    with pytest.raises(CacheFieldMissing, match=r"timings\.cache_n"):
+        run(llama(script).complete_prefix(LLAMA, PREFIX_TEXT))
+
+
+def test_llamacpp_tokenize_asks_for_bos_and_apply_template_renders() -> None:
+    script = (
+        Script()
+        .on("POST", "/tokenize", {"tokens": [1, 72, 105]})
+        .on("POST", "/apply-template", {"prompt": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"})
+    )
+    eng = llama(script)
+    assert run(eng.tokenize(LLAMA, "Hi")) == [1, 72, 105]
+    assert script.bodies("/tokenize")[0] == {"content": "Hi", "add_special": True}
+    rendered = run(eng.render_chat(LLAMA, [{"role": "user", "content": "Hi"}], []))
+    assert rendered.endswith("<|im_start|>assistant\n")
+    assert "tools" not in script.bodies("/apply-template")[0]
+
+
+def test_llamacpp_bad_tokenize_body_is_malformed() -> None:
+    script = Script().on("POST", "/tokenize", {"tokens": [{"id": 1, "piece": "x"}]})
+    with pytest.raises(MalformedResponse, match="token ids"):
+        run(llama(script).tokenize(LLAMA, "x"))
+
+
+def test_llamacpp_cache_stats_adds_cached_to_computed() -> None:
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=LLAMACPP_METRICS))
+    assert run(llama(script).cache_stats(LLAMA)) == CacheStats(queried_tokens=1200.0, hit_tokens=900.0)
+    off = Script().on("GET", "/metrics", httpx.Response(501, json={"error": "metrics disabled"}))
+    with pytest.raises(NotSupported, match="--metrics"):
+        run(llama(off).cache_stats(LLAMA))
+
+
+def test_llamacpp_epoch_changes_when_decode_counter_goes_back_or_props_change() -> None:
+    script = (
+        Script().on("GET", "/props", PROPS).on("GET", "/metrics", httpx.Response(200, text=LLAMACPP_METRICS))
+    )
+    eng = llama(script)
+    first = run(eng.epoch(LLAMA))
+    assert run(eng.epoch(LLAMA)) == first
+    restarted = LLAMACPP_METRICS.replace("llamacpp:n_decode_total 42", "llamacpp:n_decode_total 3")
+    script.on("GET", "/metrics", httpx.Response(200, text=restarted))
+    second = run(eng.epoch(LLAMA))
+    assert second != first
+    script.on("GET", "/props", {**PROPS, "model_path": "/m/other.gguf"})
+    assert run(eng.epoch(LLAMA)) != second
+
+
+# -- vLLM ------------------------------------------------------------------------------------------------
+
+
+def test_vllm_sends_ids_and_tokenizes_the_suffix_without_special_tokens() -> None:
+    script = (
+        Script()
+        .on("GET", "/v1/models", MODELS)
+        .on("POST", "/tokenize", {"tokens": [35, 36], "count": 2, "max_model_len": 2048})
+        .on("POST", "/v1/completions", openai_completion(6, 0))
+    )
+    run(vllm(script).complete_prefix(VLLM, PREFIX_IDS, suffix=" x"))
+    assert script.bodies("/tokenize")[0] == {"prompt": " x", "add_special_tokens": False, "model": "tiny"}
+    assert script.bodies("/v1/completions")[0]["prompt"] == [1, 89, 112, 120, 35, 36]
+
+
+def test_vllm_without_prompt_tokens_details_names_the_flag() -> None:
+    script = (
+        Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", openai_completion(9, None))
+    )
+    with pytest.raises(CacheFieldMissing, match="--enable-prompt-tokens-details"):
+        run(vllm(script).complete_prefix(VLLM, PREFIX_TEXT))
+
+
+def test_vllm_epoch_is_the_process_start_time() -> None:
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=VLLM_METRICS))
+    assert run(vllm(script).epoch(VLLM)) == "vllm-start-1764470000.0"
+
+
+def test_vllm_chat_tokenize_and_render() -> None:
+    script = (
+        Script()
+        .on("GET", "/v1/models", MODELS)
+        .on("POST", "/tokenize", {"tokens": [1, 60, 61], "count": 3, "max_model_len": 2048})
+        .on("POST", "/detokenize", {"prompt": "<s>[user] hi"})
+    )
+    eng = vllm(script)
+    tools: list[dict[str, object]] = [{"type": "function", "function": {"name": "book", "parameters": {}}}]
+    assert run(eng.render_chat(VLLM, [{"role": "user", "content": "hi"}], tools)) == "<s>[user] hi"
+    sent = script.bodies("/tokenize")[0]
+    assert sent["add_generation_prompt"] is True
+    assert sent["tools"] == tools
+    assert script.bodies("/detokenize")[0]["tokens"] == [1, 60, 61]
+
+
+def test_vllm_cache_stats() -> None:
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=VLLM_METRICS))
+    assert run(vllm(script).cache_stats(VLLM)) == CacheStats(queried_tokens=2048.0, hit_tokens=1536.0)
+
+
+# -- URLs and the dispatcher -------------------------------------------------------------------------------
+
+
+def test_urls_are_built_only_from_the_registered_base_url() -> None:
+    assert box_url(box(EngineKind.VLLM, base_url="http://h:1/"), "/health") == "http://h:1/health"
+    with pytest.raises(ValueError, match="plain absolute path"):
+        box_url(LLAMA, "http://elsewhere/health")
+
+
+class SlowEngine:
+    """A fake EnginePort that records how many warm requests overlap per box."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        self.active[box.id] = self.active.get(box.id, 0) + 1
+        self.peak[box.id] = max(self.peak.get(box.id, 0), self.active[box.id])
+        await asyncio.sleep(0.01)
+        self.active[box.id] -= 1
+        return CompletionReport(prompt_tokens=prefix.token_count, cached_tokens=0, wall_seconds=0.01)
+
+    async def health(self, box: BoxSpec) -> bool:
+        return True
+
+
+def test_dispatcher_limits_warm_concurrency_per_box_and_routes_by_kind() -> None:
+    fake = SlowEngine()
+    a, b = box(EngineKind.SGLANG, box_id="a"), box(EngineKind.SGLANG, box_id="b")
+    dispatcher = EngineDispatcher({EngineKind.SGLANG: fake}, warm_concurrency_per_box=2)  # type: ignore[dict-item]
+
+    async def burst() -> None:
+        await asyncio.gather(*(dispatcher.complete_prefix(x, PREFIX_TEXT) for x in [a] * 6 + [b] * 6))
+
+    run(burst())
+    assert fake.peak == {"a": 2, "b": 2}
+    with pytest.raises(NotSupported, match="vllm"):
+        run(dispatcher.health(VLLM))
+
+
+def test_dispatcher_refuses_boxes_not_in_the_fleet() -> None:
+    fake = SlowEngine()
+    registered = box(EngineKind.SGLANG, box_id="a", base_url="http://a:1")
+    dispatcher = EngineDispatcher({EngineKind.SGLANG: fake}, boxes=[registered])  # type: ignore[dict-item]
+    assert run(dispatcher.health(registered)) is True
+    with pytest.raises(EngineError, match="not registered"):
+        run(dispatcher.health(box(EngineKind.SGLANG, box_id="a", base_url="http://evil:1")))
+    with pytest.raises(EngineError, match="not registered"):
+        run(dispatcher.health(box(EngineKind.SGLANG, box_id="zz", base_url="http://a:1")))
