@@ -117,6 +117,9 @@ class WarmExecutor:
 
     @staticmethod
     def _judge(run: _Run, probe: CompletionReport) -> bool:
+        if run.prefix_tokens <= 0:
+            run.unknown_size = True  # nothing to compare against: "verified" would be vacuous
+            return False
         if probe.prompt_tokens < run.prefix_tokens:
             run.inconsistent = True  # the probe holds the prefix and more: a smaller count proves nothing
             return False
@@ -138,6 +141,7 @@ class _Run:
         self.rounds = 0
         self.engine_seconds: float | None = None
         self.inconsistent = False
+        self.unknown_size = False
 
     def add(self, report: CompletionReport) -> None:
         self.requests += 1
@@ -145,6 +149,8 @@ class _Run:
             self.engine_seconds = (self.engine_seconds or 0.0) + report.engine_seconds
 
     def miss_reason(self, rounds: int) -> str:
+        if self.unknown_size:
+            return "the prefix's token count is unknown (0), so no probe can prove it cached"
         if self.inconsistent:
             return (
                 f"probe counted {self.probe_prompt_tokens} prompt tokens, fewer than the"

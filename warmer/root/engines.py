@@ -1,0 +1,75 @@
+"""Composition of engine traffic: one shared httpx client, one adapter per engine kind, one dispatcher.
+
+Everything is built from settings (timeouts, retry policy, per-box warm concurrency) and the configured
+boxes, so the daemon and one-off CLI commands talk to engines the same way, and only to registered boxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+
+import httpx
+
+from warmer.adapters.engines.dispatch import EngineDispatcher
+from warmer.adapters.engines.llamacpp import LlamaCppEngine
+from warmer.adapters.engines.openai import OpenAICompatibleEngine
+from warmer.adapters.engines.sglang import SglangEngine
+from warmer.adapters.engines.vllm import VllmEngine
+from warmer.config.settings import Settings
+from warmer.core.model import BoxSpec, EngineKind, ModelProfile
+from warmer.ports import EnginePort
+
+
+class SystemClock:
+    """The real Clock: wall time for records, monotonic time for durations."""
+
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def engine_http_client(
+    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The shared client for engine traffic. Per-call timeouts are set by the adapters; this is the
+    fallback bound. Redirects are not followed: a box answers at its registered URL or not at all."""
+    timeouts = settings.engine_timeouts()
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
+        follow_redirects=False,
+        trust_env=False,  # engines are on the fleet network: no proxy from the environment in between
+    )
+
+
+def build_engine_dispatcher(
+    settings: Settings,
+    client: httpx.AsyncClient,
+    *,
+    boxes: Iterable[BoxSpec],
+    profiles: Mapping[str, ModelProfile] | None = None,
+) -> EngineDispatcher:
+    """An EnginePort for every configured engine kind, limited to `boxes`."""
+    timeouts = settings.engine_timeouts()
+    retry = settings.retry_policy()
+    served = {name: p.served_model_name for name, p in (profiles or {}).items() if p.served_model_name}
+    engines: dict[EngineKind, EnginePort] = {
+        EngineKind.LLAMACPP: LlamaCppEngine(client, timeouts=timeouts, retry=retry),
+        EngineKind.VLLM: VllmEngine(client, timeouts=timeouts, retry=retry, served_models=served),
+        EngineKind.SGLANG: SglangEngine(client, timeouts=timeouts, retry=retry),
+        EngineKind.OPENAI: OpenAICompatibleEngine(
+            client, timeouts=timeouts, retry=retry, served_models=served
+        ),
+    }
+    return EngineDispatcher(
+        engines,
+        warm_concurrency_per_box=settings.reconcile.max_concurrent_warms_per_box,
+        boxes=boxes,
+    )
