@@ -1,0 +1,37 @@
+"""Liveness, readiness and metrics: the routes every deployment probes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from warmer.api.services import ApiServices
+
+
+def router(services: ApiServices) -> APIRouter:
+    routes = APIRouter(tags=["health"])
+
+    @routes.get("/healthz", summary="Liveness: the process is up and serving HTTP")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @routes.get(
+        "/readyz",
+        summary="Readiness: the daemon is started and its database reachable (503 with a reason otherwise)",
+        responses={503: {"description": "Not ready; `reason` says why"}},
+    )
+    async def readyz() -> JSONResponse:
+        try:
+            readiness = await services.readiness()
+        except Exception as exc:  # a readiness probe must answer, whatever broke
+            return JSONResponse({"status": "not ready", "reason": f"readiness check failed: {exc}"}, 503)
+        if readiness.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready", "reason": readiness.reason}, 503)
+
+    @routes.get("/metrics", summary="Prometheus metrics of this daemon", response_class=Response)
+    async def metrics() -> Response:
+        return Response(generate_latest(services.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return routes

@@ -1,0 +1,34 @@
+"""What the HTTP API needs from the daemon, as plain values and callables.
+
+The API never builds or owns these: the composition root (`warmer.root.app`) hands them over. A feature
+that needs more (box queries, prewarm, campaigns) adds a field here with a default and a router module;
+the web framework wiring in `app.py` stays as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+from pydantic import SecretStr
+
+import warmer
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Whether the daemon can do its job now; `reason` says why not (shown in /readyz)."""
+
+    ready: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiServices:
+    """Everything the API routes call. Build one per app; tests build it from fakes."""
+
+    registry: CollectorRegistry  # this daemon's metrics, rendered by /metrics
+    readiness: Callable[[], Awaitable[Readiness]]  # must not raise; answers /readyz
+    tokens: tuple[SecretStr, ...] = ()  # bearer tokens for protected routes; empty = open (loopback only)
+    version: str = warmer.__version__

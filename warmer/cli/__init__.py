@@ -1,0 +1,18 @@
+"""The `warmer` command line: a thin shell over the config loader and the composition root.
+
+Each subcommand is a plain click command in its own module; register one with an import line and an
+entry in `_COMMANDS` below. Commands needing the group's `--config` use `warmer.cli.group.pass_state`.
+"""
+
+from warmer.cli.check import check_config
+from warmer.cli.db import db
+from warmer.cli.group import main
+from warmer.cli.serve import serve
+from warmer.cli.warm import warm_command
+
+_COMMANDS = (check_config, db, serve, warm_command)
+
+for _command in _COMMANDS:
+    main.add_command(_command)
+
+__all__ = ["main"]

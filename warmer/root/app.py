@@ -1,0 +1,262 @@
+"""The composition root: `build(settings) -> Daemon` wires the HTTP client, the store, the metrics and the API
+from settings; `Daemon.run()` prepares the database, then supervises the named root tasks until a signal.
+
+Everything I/O is created here and nowhere else, and every piece is injectable (store factory, database
+preparation, HTTP transport) so tests swap real parts for fakes at our own seams. Later features add their
+root tasks with `daemon.supervisor.add(name, task)` and their API needs as `ApiServices` fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Protocol
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+import warmer
+from warmer.adapters.store import SqlStore, current_revision, head_revision, upgrade_database
+from warmer.adapters.store.engine import create_store_engine
+from warmer.api import ApiServices, Readiness, create_app
+from warmer.config.settings import Settings
+from warmer.core.agents import AgentSpec
+from warmer.core.errors import WarmerError
+from warmer.core.model import BoxSpec, ModelProfile
+from warmer.ports import StorePort
+from warmer.root.logging import get_logger
+from warmer.root.metrics import Metrics
+from warmer.root.supervisor import Supervisor
+
+# How long /readyz waits for the database to answer before calling it unreachable (seconds).
+READINESS_DB_TIMEOUT_SECONDS = 2.0
+
+
+class ManagedStore(StorePort, Protocol):
+    """The store as the root holds it: the port, plus a health check and a close."""
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+StoreFactory = Callable[[Settings], ManagedStore]
+DatabasePreparer = Callable[[Settings], None]
+
+
+class DatabaseNotMigrated(WarmerError):
+    """A server database whose schema is not at this version's head: `warmer db upgrade` first."""
+
+
+def open_sql_store(settings: Settings) -> ManagedStore:
+    """The SQL store for `settings.database` (embedded SQLite unless a URL is configured)."""
+    url = settings.database_url()
+    if settings.database.is_embedded:
+        return SqlStore.from_url(url)
+    engine = create_store_engine(
+        url, pool_size=settings.database.pool_size, pool_timeout=settings.database.pool_timeout_seconds
+    )
+    return SqlStore(engine)
+
+
+def upgrade_schema(settings: Settings) -> str:
+    """Migrate the configured database to head; returns the head revision."""
+    if settings.database.is_embedded:
+        settings.database.state_dir.mkdir(parents=True, exist_ok=True)
+    upgrade_database(settings.database_url())
+    return head_revision()
+
+
+def prepare_database(settings: Settings) -> None:
+    """Before serving: migrate the embedded SQLite file ourselves (nobody else will); a server database is
+    shared by replicas and migrated deliberately, so only check it is at head."""
+    if settings.database.is_embedded:
+        upgrade_schema(settings)
+        return
+    current, head = current_revision(settings.database_url()), head_revision()
+    if current != head:
+        raise DatabaseNotMigrated(
+            f"database schema is at {current or 'no revision'}, this warmer needs {head}: "
+            "run `warmer db upgrade`"
+        )
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the supervisor owns SIGTERM/SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Daemon:
+    """The running warmer: API server plus (later) the reconciler and scheduler, as supervised root tasks."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        profiles: Mapping[str, ModelProfile],
+        agents: Mapping[str, AgentSpec],
+        boxes: Sequence[BoxSpec],
+        http: httpx.AsyncClient,
+        metrics: Metrics,
+        store_factory: StoreFactory,
+        prepare: DatabasePreparer,
+    ) -> None:
+        self.settings = settings
+        self.profiles = profiles
+        self.agents = agents
+        self.boxes = tuple(boxes)
+        self.http = http
+        self.metrics = metrics
+        self._store_factory = store_factory
+        self._prepare = prepare
+        self._store: ManagedStore | None = None
+        self._server: uvicorn.Server | None = None
+        self._log = get_logger(__name__)
+        self.api: FastAPI = create_app(
+            ApiServices(
+                registry=metrics.registry, readiness=self.readiness, tokens=tuple(settings.api.tokens)
+            )
+        )
+        self.supervisor = Supervisor(
+            grace_seconds=settings.reconcile.shutdown_grace_seconds,
+            on_task_failure=lambda name: metrics.root_task_failures.labels(task=name).inc(),
+        )
+        self.supervisor.add("api", self._serve_api)
+
+    @property
+    def store(self) -> ManagedStore:
+        """The open store; only valid while `run()` is running."""
+        if self._store is None:
+            raise RuntimeError("the store is open only while the daemon runs")
+        return self._store
+
+    @property
+    def started(self) -> bool:
+        """The database is prepared and open, and the API accepts connections."""
+        return self._store is not None and self._server is not None and self._server.started
+
+    async def readiness(self) -> Readiness:
+        """Ready = started and the database answers a trivial query in time."""
+        readiness = await self._check_readiness()
+        self.metrics.ready.set(1 if readiness.ready else 0)
+        return readiness
+
+    async def _check_readiness(self) -> Readiness:
+        if not self.started or self._store is None:
+            return Readiness(False, "starting")
+        try:
+            await asyncio.wait_for(self._store.ping(), READINESS_DB_TIMEOUT_SECONDS)
+        except TimeoutError:
+            return Readiness(False, f"database did not answer within {READINESS_DB_TIMEOUT_SECONDS:g}s")
+        except Exception as exc:
+            return Readiness(False, f"database unreachable: {type(exc).__name__}")
+        return Readiness(True)
+
+    async def _serve_api(self, stopping: asyncio.Event) -> None:
+        api = self.settings.api
+        config = uvicorn.Config(
+            self.api,
+            host=api.host,
+            port=api.port,
+            log_config=None,  # our logging setup renders uvicorn's records
+            access_log=False,
+            lifespan="off",  # the daemon, not the web app, owns resources
+            server_header=False,
+            timeout_graceful_shutdown=max(1, int(self.settings.reconcile.shutdown_grace_seconds)),
+        )
+        server = _ApiServer(config)
+        self._server = server
+
+        async def stop_when_asked() -> None:
+            await stopping.wait()
+            server.should_exit = True
+
+        watcher = asyncio.create_task(stop_when_asked())
+        try:
+            await server.serve()
+        finally:
+            watcher.cancel()
+
+    async def run(self, *, handle_signals: bool = True) -> int:
+        """Prepare the database, open the store, serve until stopped. Returns the process exit code."""
+        # A stop asked for while the database is being prepared ends the start-up cleanly; the supervisor
+        # takes the signals over once the root tasks run.
+        loop = asyncio.get_running_loop()
+        stop_during_startup = asyncio.Event()
+        if handle_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop_during_startup.set)
+        try:
+            preparing = asyncio.create_task(asyncio.to_thread(self._prepare, self.settings))
+            stop_asked = asyncio.create_task(stop_during_startup.wait())
+            await asyncio.wait({preparing, stop_asked}, return_when=asyncio.FIRST_COMPLETED)
+            stop_asked.cancel()
+            if not preparing.done():
+                self._log.info("stopped during start-up")
+                await self.http.aclose()
+                return 0
+            preparing.result()
+            self._store = self._store_factory(self.settings)
+        except Exception as exc:
+            self._log.error("startup failed", error=f"{type(exc).__name__}: {exc}")
+            await self.http.aclose()
+            return 1
+        finally:
+            if handle_signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+        self._log.info(
+            "warmer started",
+            version=warmer.__version__,
+            listen=f"http://{self.settings.api.host}:{self.settings.api.port}",
+            boxes=len(self.boxes),
+            profiles=len(self.profiles),
+            agents=len(self.agents),
+            database="embedded sqlite" if self.settings.database.is_embedded else "server",
+        )
+        self.metrics.up.set(1)
+        try:
+            code = await self.supervisor.run(handle_signals=handle_signals)
+        finally:
+            self.metrics.up.set(0)
+            store, self._store = self._store, None
+            await store.close()
+            await self.http.aclose()
+        self._log.info("warmer stopped", exit_code=code, reason=self.supervisor.stop_reason)
+        return code
+
+
+def build(
+    settings: Settings,
+    *,
+    profiles: Mapping[str, ModelProfile] | None = None,
+    agents: Mapping[str, AgentSpec] | None = None,
+    store_factory: StoreFactory = open_sql_store,
+    prepare: DatabasePreparer = prepare_database,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Daemon:
+    """Wire a daemon from settings. Nothing starts until `Daemon.run()`."""
+    profiles = profiles or {}
+    timeouts = settings.engine_timeouts()
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
+        transport=transport,
+        follow_redirects=False,  # only ever call registered engine URLs, never where a redirect points
+        headers={"user-agent": f"warmer/{warmer.__version__}"},
+    )
+    return Daemon(
+        settings=settings,
+        profiles=profiles,
+        agents=agents or {},
+        boxes=settings.box_specs(profiles),
+        http=http,
+        metrics=Metrics(),
+        store_factory=store_factory,
+        prepare=prepare,
+    )
