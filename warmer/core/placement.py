@@ -252,10 +252,18 @@ def place(
     config = config or PlacementConfig()
     by_model, spec = _index_boxes(boxes, eligible, config.hash_buckets)
     seeds: dict[str, int] = {}
+    shared_tokens: dict[str, int] = {}
     for agent in agents:
         if agent.agent_id in seeds:
             raise ValueError(f"agents: duplicate agent id {agent.agent_id!r}")
         seeds[agent.agent_id] = stable_seed("agent", agent.agent_id)
+        if agent.prefix_hash:
+            known = shared_tokens.setdefault(agent.prefix_hash, agent.prefix_tokens)
+            if known != agent.prefix_tokens:
+                raise ValueError(
+                    f"agents[{agent.agent_id!r}].prefix_tokens: {agent.prefix_tokens} differs from {known} "
+                    f"for the same prefix_hash {agent.prefix_hash!r}"
+                )
     wanted = {agent.agent_id: config.wanted_group_size(agent) for agent in agents}
     dedicated = frozenset(agent.agent_id for agent in agents if config.is_dedicated(agent))
 
