@@ -1,0 +1,563 @@
+"""`SqlStore`: the StorePort over SQLAlchemy, on embedded SQLite or PostgreSQL (psycopg 3).
+
+The ORM work is synchronous and runs in a worker thread (`asyncio.to_thread`), one short transaction per
+call: no async driver to install, and the event loop never waits on disk or the network. Writes that
+must not race (upserts, idempotency keys) lean on the database's own constraints, so several daemon
+replicas on one PostgreSQL stay correct.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, delete, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy.orm import Session
+
+from warmer.adapters.store.engine import WRITE_OPTION, create_store_engine
+from warmer.adapters.store.tables import (
+    AgentRow,
+    Base,
+    BoxEpochRow,
+    BoxRow,
+    CampaignRow,
+    EventRow,
+    PrefixVersionRow,
+    RestartPhaseRow,
+    WarmRecordRow,
+    WebhookEventRow,
+)
+from warmer.core.errors import StoreError, StoreUnavailable
+from warmer.core.model import (
+    BoxSpec,
+    Campaign,
+    LoggedEvent,
+    PhaseName,
+    PhaseRecord,
+    Prefix,
+    WarmRecord,
+    WarmState,
+)
+
+T = TypeVar("T")
+
+# Event kinds this store appends by itself, next to whatever the services log.
+EVENT_BOX_ADDED = "box_added"
+EVENT_BOX_REMOVED = "box_removed"
+EVENT_EPOCH_CHANGED = "epoch_changed"
+EVENT_PREFIX_VERSION = "prefix_version"
+EVENT_WARM_TRANSITION = "warm_transition"
+EVENT_WARM_DROPPED = "warm_dropped"
+
+
+class SqlStore:
+    """Durable warm state in one SQL database. Build with `SqlStore.from_url`; `close()` when done."""
+
+    def __init__(self, engine: Engine, *, now: Callable[[], float] = time.time) -> None:
+        self._engine = engine
+        self._writer = engine.execution_options(**{WRITE_OPTION: True})
+        self._dialect = engine.dialect.name
+        if self._dialect not in ("sqlite", "postgresql"):
+            raise StoreError(f"database url: unsupported backend {self._dialect!r} (sqlite or postgresql)")
+        self._now = now  # only for rows whose port call carries no time (sync_boxes)
+
+    @classmethod
+    def from_url(cls, url: str, *, now: Callable[[], float] = time.time) -> SqlStore:
+        """A store over `url` (`sqlite:///path` or `postgresql+psycopg://...`). Does not migrate:
+        call `upgrade_database(url)` first."""
+        return cls(create_store_engine(url), now=now)
+
+    @property
+    def dialect(self) -> str:
+        return self._dialect
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._engine.dispose)
+
+    # -- boxes and epochs ---------------------------------------------------------------------------
+
+    async def sync_boxes(self, boxes: Sequence[BoxSpec]) -> None:
+        """Make the boxes table equal the configured fleet; a removed box takes its epochs, warm records
+        and phases with it (its history stays in the event log)."""
+        seen: set[str] = set()
+        for index, box in enumerate(boxes):
+            if box.id in seen:
+                raise StoreError(f"boxes[{index}].id: duplicate box id {box.id!r}")
+            seen.add(box.id)
+        now = self._now()
+
+        def work(session: Session) -> None:
+            existing = set(session.scalars(select(BoxRow.id)))
+            for box in boxes:
+                self._upsert(
+                    session,
+                    BoxRow,
+                    {
+                        "id": box.id,
+                        "base_url": box.base_url,
+                        "engine": str(box.engine),
+                        "model": box.model,
+                        "slots": box.slots,
+                        "group": box.group,
+                        "cache_capacity_tokens": box.cache_capacity_tokens,
+                        "updated_at": now,
+                    },
+                    keys=["id"],
+                )
+                if box.id not in existing:
+                    session.add(EventRow(at=now, kind=EVENT_BOX_ADDED, box_id=box.id, detail={}))
+            removed = sorted(existing - seen)
+            if removed:
+                session.execute(delete(BoxRow).where(BoxRow.id.in_(removed)))
+                session.add_all(
+                    EventRow(at=now, kind=EVENT_BOX_REMOVED, box_id=box_id, detail={}) for box_id in removed
+                )
+
+        await self._run(work, write=True)
+
+    async def record_epoch(self, box_id: str, epoch: str, at: float) -> bool:
+        if not epoch:
+            raise StoreError(f"epoch: must not be empty (box {box_id!r})")
+
+        def work(session: Session) -> bool:
+            box = session.get(BoxRow, box_id, with_for_update=True)
+            if box is None:
+                raise StoreError(f"box_id: unknown box {box_id!r}; sync_boxes before recording its epoch")
+            previous = box.current_epoch
+            self._upsert(
+                session,
+                BoxEpochRow,
+                {"box_id": box_id, "epoch": epoch, "first_seen_at": at, "last_seen_at": at},
+                keys=["box_id", "epoch"],
+                update=["last_seen_at"],
+            )
+            if previous == epoch:
+                return False
+            box.current_epoch = epoch
+            session.add(
+                EventRow(
+                    at=at,
+                    kind=EVENT_EPOCH_CHANGED,
+                    box_id=box_id,
+                    epoch=epoch,
+                    detail={"previous": previous},
+                )
+            )
+            return True
+
+        return await self._run(work, write=True)
+
+    async def current_epoch(self, box_id: str) -> str | None:
+        return await self._run(
+            lambda session: session.scalar(select(BoxRow.current_epoch).where(BoxRow.id == box_id)),
+            write=False,
+        )
+
+    # -- agents and prefixes ------------------------------------------------------------------------
+
+    async def record_prefix(
+        self, agent_id: str, spec_hash: str, prefix: Prefix, *, engine_version: str, at: float
+    ) -> None:
+        """Remember the agent's spec version and the prefix it produced; recording the same version
+        again changes nothing."""
+        if not agent_id:
+            raise StoreError("agent_id: must not be empty")
+        prefix_hash = prefix.hash
+
+        def work(session: Session) -> None:
+            self._upsert(
+                session,
+                AgentRow,
+                {"id": agent_id, "spec_hash": spec_hash, "updated_at": at},
+                keys=["id"],
+            )
+            values = {
+                "agent_id": agent_id,
+                "spec_hash": spec_hash,
+                "prefix_hash": prefix_hash,
+                "prefix_tokens": prefix.token_count,
+                "model": prefix.model,
+                "engine_version": engine_version,
+                "created_at": at,
+            }
+            inserted = self._insert_if_absent(
+                session, PrefixVersionRow, values, keys=["agent_id", "prefix_hash", "model", "engine_version"]
+            )
+            if inserted:
+                session.add(
+                    EventRow(
+                        at=at,
+                        kind=EVENT_PREFIX_VERSION,
+                        agent_id=agent_id,
+                        prefix_hash=prefix_hash,
+                        detail={
+                            "spec_hash": spec_hash,
+                            "prefix_tokens": prefix.token_count,
+                            "model": prefix.model,
+                            "engine_version": engine_version,
+                        },
+                    )
+                )
+
+        await self._run(work, write=True)
+
+    # -- warm records -------------------------------------------------------------------------------
+
+    async def get_warm(self, box_id: str, epoch: str, prefix_hash: str) -> WarmRecord | None:
+        def work(session: Session) -> WarmRecord | None:
+            row = session.get(WarmRecordRow, (box_id, epoch, prefix_hash))
+            return None if row is None else _warm_from_row(row)
+
+        return await self._run(work, write=False)
+
+    async def list_warm(self, *, box_id: str | None = None, epoch: str | None = None) -> list[WarmRecord]:
+        def work(session: Session) -> list[WarmRecord]:
+            query = select(WarmRecordRow).order_by(
+                WarmRecordRow.box_id, WarmRecordRow.epoch, WarmRecordRow.prefix_hash
+            )
+            if box_id is not None:
+                query = query.where(WarmRecordRow.box_id == box_id)
+            if epoch is not None:
+                query = query.where(WarmRecordRow.epoch == epoch)
+            return [_warm_from_row(row) for row in session.scalars(query)]
+
+        return await self._run(work, write=False)
+
+    async def put_warm(self, record: WarmRecord, *, reason: str, previous: WarmState | None) -> None:
+        """Write the record and append its transition event in one transaction: both or neither."""
+
+        def work(session: Session) -> None:
+            self._upsert(
+                session,
+                WarmRecordRow,
+                {
+                    "box_id": record.box_id,
+                    "epoch": record.epoch,
+                    "prefix_hash": record.prefix_hash,
+                    "state": str(record.state),
+                    "prefix_tokens": record.prefix_tokens,
+                    "verified_cached_tokens": record.verified_cached_tokens,
+                    "attempts": record.attempts,
+                    "last_error": record.last_error,
+                    "updated_at": record.updated_at,
+                    "warmed_at": record.warmed_at,
+                    "verified_at": record.verified_at,
+                },
+                keys=["box_id", "epoch", "prefix_hash"],
+            )
+            session.add(
+                EventRow(
+                    at=record.updated_at,
+                    kind=EVENT_WARM_TRANSITION,
+                    box_id=record.box_id,
+                    epoch=record.epoch,
+                    prefix_hash=record.prefix_hash,
+                    detail={
+                        "from": None if previous is None else str(previous),
+                        "to": str(record.state),
+                        "reason": reason,
+                        "attempts": record.attempts,
+                        "verified_cached_tokens": record.verified_cached_tokens,
+                        "error": record.last_error,
+                    },
+                )
+            )
+
+        await self._run(work, write=True)
+
+    async def drop_other_epochs(self, box_id: str, keep_epoch: str) -> int:
+        def work(session: Session) -> int:
+            doomed = list(
+                session.scalars(
+                    select(WarmRecordRow.epoch)
+                    .where(WarmRecordRow.box_id == box_id, WarmRecordRow.epoch != keep_epoch)
+                    .distinct()
+                )
+            )
+            if not doomed:
+                return 0
+            result = session.execute(
+                delete(WarmRecordRow).where(WarmRecordRow.box_id == box_id, WarmRecordRow.epoch != keep_epoch)
+            )
+            dropped = int(getattr(result, "rowcount", 0))
+            session.add(
+                EventRow(
+                    at=self._now(),
+                    kind=EVENT_WARM_DROPPED,
+                    box_id=box_id,
+                    epoch=keep_epoch,
+                    detail={"records": dropped, "epochs": sorted(doomed)},
+                )
+            )
+            return dropped
+
+        return await self._run(work, write=True)
+
+    # -- restart warm-up phases ---------------------------------------------------------------------
+
+    async def put_phase(self, record: PhaseRecord) -> None:
+        """Insert or update one phase of one epoch (a phase is written when it starts and when it ends)."""
+        await self._run(
+            lambda session: self._upsert(
+                session,
+                RestartPhaseRow,
+                {
+                    "box_id": record.box_id,
+                    "epoch": record.epoch,
+                    "phase": str(record.phase),
+                    "started_at": record.started_at,
+                    "finished_at": record.finished_at,
+                    "engine_seconds": record.engine_seconds,
+                    "requests": record.requests,
+                    "ok": record.ok,
+                    "error": record.error,
+                },
+                keys=["box_id", "epoch", "phase"],
+            ),
+            write=True,
+        )
+
+    async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]:
+        def work(session: Session) -> list[PhaseRecord]:
+            rows = session.scalars(
+                select(RestartPhaseRow).where(
+                    RestartPhaseRow.box_id == box_id, RestartPhaseRow.epoch == epoch
+                )
+            )
+            order = {name: index for index, name in enumerate(PhaseName)}
+            records = [_phase_from_row(row) for row in rows]
+            return sorted(records, key=lambda rec: (rec.started_at, order[rec.phase]))
+
+        return await self._run(work, write=False)
+
+    # -- campaigns ----------------------------------------------------------------------------------
+
+    async def put_campaign(self, campaign: Campaign) -> None:
+        if not campaign.id:
+            raise StoreError("campaign.id: must not be empty")
+        if campaign.ends_at < campaign.starts_at:
+            raise StoreError(f"campaign.ends_at: {campaign.ends_at} is before starts_at {campaign.starts_at}")
+        await self._run(
+            lambda session: self._upsert(
+                session,
+                CampaignRow,
+                {
+                    "id": campaign.id,
+                    "agent_id": campaign.agent_id,
+                    "starts_at": campaign.starts_at,
+                    "ends_at": campaign.ends_at,
+                    "expected_calls": campaign.expected_calls,
+                },
+                keys=["id"],
+            ),
+            write=True,
+        )
+
+    async def delete_campaign(self, campaign_id: str) -> bool:
+        def work(session: Session) -> bool:
+            result = session.execute(delete(CampaignRow).where(CampaignRow.id == campaign_id))
+            return int(getattr(result, "rowcount", 0)) > 0
+
+        return await self._run(work, write=True)
+
+    async def list_campaigns(self) -> list[Campaign]:
+        def work(session: Session) -> list[Campaign]:
+            rows = session.scalars(select(CampaignRow).order_by(CampaignRow.starts_at, CampaignRow.id))
+            return [
+                Campaign(
+                    id=row.id,
+                    agent_id=row.agent_id,
+                    starts_at=row.starts_at,
+                    ends_at=row.ends_at,
+                    expected_calls=row.expected_calls,
+                )
+                for row in rows
+            ]
+
+        return await self._run(work, write=False)
+
+    # -- webhooks and the event log -----------------------------------------------------------------
+
+    async def remember_webhook(self, event_id: str, kind: str, body_sha256: str, at: float) -> bool:
+        """True the first time `event_id` is seen. The primary key decides, so two replicas (or two
+        concurrent deliveries) racing on one id get exactly one True."""
+        if not event_id:
+            raise StoreError("event_id: must not be empty")
+
+        def attempt() -> bool:
+            try:
+                with self._translated_errors(), self._session(write=True) as session:
+                    session.add(
+                        WebhookEventRow(event_id=event_id, kind=kind, body_sha256=body_sha256, received_at=at)
+                    )
+                    session.flush()
+            except StoreError as exc:
+                if isinstance(exc.__cause__, IntegrityError):
+                    return False
+                raise
+            return True
+
+        return await asyncio.to_thread(attempt)
+
+    async def append_event(self, event: LoggedEvent) -> None:
+        detail = _json_detail(event.detail)
+        await self._run(
+            lambda session: session.add(
+                EventRow(
+                    at=event.at,
+                    kind=event.kind,
+                    box_id=event.box_id,
+                    agent_id=event.agent_id,
+                    epoch=event.epoch,
+                    prefix_hash=event.prefix_hash,
+                    detail=detail,
+                )
+            ),
+            write=True,
+        )
+
+    async def events(self, *, box_id: str | None = None, limit: int = 100) -> list[LoggedEvent]:
+        """Newest first (by insertion order, which wall clocks on several replicas cannot spoil)."""
+        if limit < 1:
+            raise StoreError(f"limit: must be >= 1, got {limit}")
+
+        def work(session: Session) -> list[LoggedEvent]:
+            query = select(EventRow).order_by(EventRow.id.desc()).limit(limit)
+            if box_id is not None:
+                query = query.where(EventRow.box_id == box_id)
+            return [
+                LoggedEvent(
+                    at=row.at,
+                    kind=row.kind,
+                    box_id=row.box_id,
+                    agent_id=row.agent_id,
+                    epoch=row.epoch,
+                    prefix_hash=row.prefix_hash,
+                    detail=dict(row.detail or {}),
+                )
+                for row in session.scalars(query)
+            ]
+
+        return await self._run(work, write=False)
+
+    async def ping(self) -> None:
+        await self._run(lambda session: session.execute(text("SELECT 1")).scalar_one(), write=False)
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    async def _run(self, work: Callable[[Session], T], *, write: bool) -> T:
+        def in_thread() -> T:
+            with self._translated_errors(), self._session(write=write) as session:
+                return work(session)
+
+        return await asyncio.to_thread(in_thread)
+
+    @contextmanager
+    def _session(self, *, write: bool) -> Iterator[Session]:
+        """One transaction: committed when the block returns, rolled back when it raises."""
+        bind = self._writer if write else self._engine
+        with Session(bind, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _translated_errors(self) -> Iterator[None]:
+        """Database failures become core errors, so services handle them without importing SQLAlchemy."""
+        try:
+            yield
+        except IntegrityError as exc:
+            raise StoreError(f"rejected by the database: {exc.orig}") from exc
+        except (OperationalError, PoolTimeoutError) as exc:
+            raise StoreUnavailable(f"database unavailable: {exc}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(f"database connection lost: {exc}") from exc
+            raise
+
+    def _upsert(
+        self,
+        session: Session,
+        entity: type[Base],
+        values: dict[str, Any],
+        *,
+        keys: list[str],
+        update: list[str] | None = None,
+    ) -> None:
+        """INSERT ... ON CONFLICT DO UPDATE: one atomic statement on both backends (a read-then-write
+        would race between replicas). `update` defaults to every non-key column."""
+        columns = update if update is not None else [name for name in values if name not in keys]
+        if self._dialect == "sqlite":
+            lite = sqlite.insert(entity).values(values)
+            session.execute(
+                lite.on_conflict_do_update(
+                    index_elements=keys, set_={name: lite.excluded[name] for name in columns}
+                )
+            )
+        else:
+            pg = postgresql.insert(entity).values(values)
+            session.execute(
+                pg.on_conflict_do_update(
+                    index_elements=keys, set_={name: pg.excluded[name] for name in columns}
+                )
+            )
+
+    def _insert_if_absent(
+        self, session: Session, entity: type[Base], values: dict[str, Any], *, keys: list[str]
+    ) -> bool:
+        """INSERT ... ON CONFLICT DO NOTHING; True when the row is new (RETURNING, as rowcount of an
+        ORM-level insert is not reliable across drivers)."""
+        key_column = getattr(entity, keys[0])
+        if self._dialect == "sqlite":
+            statement = sqlite.insert(entity).values(values).on_conflict_do_nothing(index_elements=keys)
+            result = session.execute(statement.returning(key_column))
+        else:
+            pg_statement = (
+                postgresql.insert(entity).values(values).on_conflict_do_nothing(index_elements=keys)
+            )
+            result = session.execute(pg_statement.returning(key_column))
+        return result.first() is not None
+
+
+def _warm_from_row(row: WarmRecordRow) -> WarmRecord:
+    return WarmRecord(
+        box_id=row.box_id,
+        epoch=row.epoch,
+        prefix_hash=row.prefix_hash,
+        state=WarmState(row.state),
+        prefix_tokens=row.prefix_tokens,
+        verified_cached_tokens=row.verified_cached_tokens,
+        attempts=row.attempts,
+        last_error=row.last_error,
+        updated_at=row.updated_at,
+        warmed_at=row.warmed_at,
+        verified_at=row.verified_at,
+    )
+
+
+def _phase_from_row(row: RestartPhaseRow) -> PhaseRecord:
+    return PhaseRecord(
+        box_id=row.box_id,
+        epoch=row.epoch,
+        phase=PhaseName(row.phase),
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        engine_seconds=row.engine_seconds,
+        requests=row.requests,
+        ok=row.ok,
+        error=row.error,
+    )
+
+
+def _json_detail(detail: dict[str, object]) -> dict[str, Any]:
+    """Reject what JSON cannot hold before it reaches the database, naming the field."""
+    try:
+        loaded: dict[str, Any] = json.loads(json.dumps(detail))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"detail: not JSON-serializable ({exc})") from exc
+    return loaded
