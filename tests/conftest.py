@@ -51,3 +51,37 @@ def llama_fleet_factory(
     yield start
     for fleet in fleets:
         fleet.stop()
+
+# -- databases for the store suite: a SQLite file and a throwaway PostgreSQL database -------------------
+# PostgreSQL is the real server on 127.0.0.1:5432 (CI provides it); WARMER_TEST_POSTGRES_URL names a
+# database on another server where the tests may CREATE DATABASE. Never skipped.
+
+DEFAULT_TEST_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty, unmigrated database for one test, on each backend in turn; dropped afterwards."""
+    import os
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'warmer-test.db'}"
+        return
+    admin_url = make_url(os.environ.get("WARMER_TEST_POSTGRES_URL", DEFAULT_TEST_POSTGRES_URL))
+    if admin_url.drivername in ("postgresql", "postgres"):
+        admin_url = admin_url.set(drivername="postgresql+psycopg")
+    name = f"warmer_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
