@@ -1,0 +1,219 @@
+"""Lint: where the first per-call value sits and what it costs; per-call-looking literals; drift; CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from prompt_helpers import AGENTS_DIR, MODELS_DIR, byte_tokenize, chatml, spec
+
+from warmer.cli.prompts import lint_command, render_command
+from warmer.config.agents import load_agent_specs
+from warmer.core.lint import (
+    TokenCountObservation,
+    detect_tokenizer_drift,
+    lint_agent,
+    looks_per_call,
+    scan_static_text,
+)
+from warmer.core.model import prefix_hash
+from warmer.core.prefix import compute_stable_prefix
+
+REQUIRED_JSON_KEYS = (
+    "agent",
+    "stable_prefix_tokens",
+    "turn1_prompt_tokens",
+    "stable_share",
+    "first_dynamic_token_offset",
+    "findings",
+)
+DIRS = ["--agents-dir", str(AGENTS_DIR), "--models-dir", str(MODELS_DIR)]
+
+
+@pytest.fixture(scope="module")
+def examples() -> dict[str, object]:
+    return dict(load_agent_specs(AGENTS_DIR))
+
+
+def test_early_value_reports_position_cost_and_advice() -> None:
+    persona = "You are Maya.\nToday is {now} and you call {customer_name}.\n" + "Be kind and brief. " * 30
+    agent = spec(blocks=(("persona", persona),), tail="Customer: {customer_name}")
+    result = lint_agent(agent, chatml, byte_tokenize)
+
+    assert result.first_dynamic_placeholder == "now"
+    assert result.first_dynamic_location == "block 'persona' line 2"
+    stable = compute_stable_prefix(agent, chatml, byte_tokenize)
+    assert (
+        result.first_dynamic_token_offset == stable.first_dynamic_token_offset == result.stable_prefix_tokens
+    )
+    assert result.stable_prefix_tokens == len(
+        byte_tokenize("<|im_start|>system\nYou are Maya.\nToday is ")
+    )  # the space is 3 byte tokens
+    assert result.ideal_stable_tokens > result.stable_prefix_tokens + 600
+    assert result.wasted_tokens_per_call == result.ideal_stable_tokens - result.stable_prefix_tokens
+    advice = {f.advice for f in result.findings if f.code == "early-per-call-value"}
+    assert advice == {"move {now} from block 'persona' line 2 to the dynamic tail"}
+    static = [f for f in result.findings if f.code == "per-call-value-in-static-text"]
+    assert [f.location for f in static] == ["block 'persona' line 2", "block 'persona' line 2"]
+    assert "already there" in next(f.advice for f in static if "{customer_name}" in f.message)
+
+
+def test_good_layout_has_no_findings_and_ideal_share() -> None:
+    agent = spec(blocks=(("persona", "You are Maya.\n" + "Be kind and brief. " * 30),))
+    result = lint_agent(agent, chatml, byte_tokenize)
+    assert result.findings == ()
+    assert result.wasted_tokens_per_call == 0
+    assert result.stable_share == result.ideal_share > 0.8
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("Campaign started 2026-11-28.", "date"),
+        ("Valid until 31/12/2026.", "date"),
+        ("Offer ends March 3, 2026.", "date"),
+        ("It is 14:05 now.", "time"),
+        ("Call back at 9:30 am.", "time"),
+        ("Reach us on +1 212 555 0147.", "phone"),
+        ("Session 3f2b8c1e-8e0a-4d5c-9a55-0b9f6a1d2c3e.", "uuid"),
+        ("Ticket ORD-48213 is open.", "id"),
+        ("Balance due: $42.50 today.", "amount"),
+    ],
+)
+def test_per_call_looking_values_are_flagged(text: str, kind: str) -> None:
+    assert [k for k, _, _ in looks_per_call(text)] == [kind]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Support runs every day from 8 am to 8 pm.",
+        "Plus has 60 GB for $25 per month.",
+        "Step 1. Greet the customer. Step 2. Ask one question.",
+        'Reply with {"ok": true} only.',
+        "Four lines share 200 GB.",
+    ],
+)
+def test_static_facts_are_not_flagged(text: str) -> None:
+    assert looks_per_call(text) == []
+
+
+def test_scan_reports_block_and_line() -> None:
+    agent = spec(
+        blocks=(("persona", "You are Maya."), ("reference", "Plans:\nPromo code valid until 2026-12-31."))
+    )
+    (finding,) = scan_static_text(agent)
+    assert finding.code == "looks-per-call-date"
+    assert finding.location == "block 'reference' line 2"
+
+
+def test_shipped_examples_early_vs_fixed(examples: dict[str, object]) -> None:
+    early = lint_agent(examples["outbound-sales-early"], chatml, byte_tokenize)  # type: ignore[arg-type]
+    fixed = lint_agent(examples["outbound-sales"], chatml, byte_tokenize)  # type: ignore[arg-type]
+
+    assert early.first_dynamic_location == "block 'persona' line 1"
+    assert early.first_dynamic_placeholder == "now"
+    assert early.stable_share < 0.05
+    assert early.wasted_tokens_per_call > 2000
+    assert fixed.turn1_prompt_tokens > 2000
+    assert fixed.stable_share == fixed.ideal_share > 0.9
+    assert fixed.first_dynamic_location == "the dynamic tail line 2"
+    assert [f.code for f in fixed.findings] == []
+
+
+# --- tokenizer drift --------------------------------------------------------------------------------------
+
+
+def _obs(
+    count: int, version: str, *, model: str = "m", text: str = "prefix", at: float = 0.0
+) -> TokenCountObservation:
+    return TokenCountObservation(prefix_hash(text), model, version, count, at)
+
+
+def test_drift_after_an_upgrade_is_flagged() -> None:
+    history = [_obs(1000, "v1", at=1.0), _obs(1010, "v1.5", at=2.0)]
+    finding = detect_tokenizer_drift(history, _obs(1091, "v2", at=3.0))
+    assert finding is not None
+    assert finding.code == "tokenizer-drift"
+    assert "+8.0%" in finding.message
+    assert "v1.5" in finding.message  # compared with the latest earlier version
+
+
+@pytest.mark.parametrize(
+    "current",
+    [
+        _obs(1040, "v2"),  # 4% < 5% threshold
+        _obs(1200, "v1"),  # same engine version: not an upgrade
+        _obs(1200, "v2", model="other"),  # another model
+        _obs(1200, "v2", text="other prefix"),  # another prefix
+    ],
+)
+def test_no_drift(current: TokenCountObservation) -> None:
+    assert detect_tokenizer_drift([_obs(1000, "v1")], current) is None
+
+
+def test_drift_threshold_is_configurable_and_symmetric() -> None:
+    assert detect_tokenizer_drift([_obs(1000, "v1")], _obs(970, "v2"), threshold=0.02) is not None
+    assert detect_tokenizer_drift([_obs(1000, "v1")], _obs(970, "v2")) is None
+
+
+def test_observation_keys_on_text_not_token_ids() -> None:
+    stable = compute_stable_prefix(spec(), chatml, byte_tokenize)
+    observation = TokenCountObservation.of(stable, "v1")
+    assert observation.text_hash == prefix_hash(stable.text)
+    assert observation.text_hash != stable.hash  # the id-based hash would change with the tokenizer
+
+
+# --- CLI ----------------------------------------------------------------------------------------------------
+
+
+def test_cli_lint_json_fails_the_early_layout_under_min_share() -> None:
+    result = CliRunner().invoke(lint_command, [*DIRS, "--json", "--min-share", "0.8"])
+    assert result.exit_code == 1, result.output
+    rows = {row["agent"]: row for row in json.loads(result.output)}
+    assert set(rows) == {"outbound-sales", "outbound-sales-early"}
+    for row in rows.values():
+        assert set(REQUIRED_JSON_KEYS) <= set(row)
+    early, fixed = rows["outbound-sales-early"], rows["outbound-sales"]
+    assert early["below_min_share"]
+    assert not fixed["below_min_share"]
+    assert early["first_dynamic_location"] == "block 'persona' line 1"
+    assert early["first_dynamic_token_offset"] == early["stable_prefix_tokens"] < 40
+    assert "early-per-call-value" in {f["code"] for f in early["findings"]}
+    assert fixed["stable_share"] == pytest.approx(fixed["ideal_share"])
+    assert fixed["stable_share"] > 0.9
+
+
+def test_cli_lint_passes_the_fixed_layout_alone() -> None:
+    result = CliRunner().invoke(lint_command, ["outbound-sales", *DIRS, "--min-share", "0.8"])
+    assert result.exit_code == 0, result.output
+    assert "outbound-sales (tiny-demo):" in result.output
+    assert "FAIL" not in result.output
+
+
+def test_cli_lint_text_names_position_and_advice() -> None:
+    result = CliRunner().invoke(lint_command, ["outbound-sales-early", *DIRS])
+    assert result.exit_code == 0  # no --min-share: report only
+    assert "first per-call value at token" in result.output
+    assert "move {now} from block 'persona' line 1 to the dynamic tail" in result.output
+
+
+def test_cli_render_json_is_the_exact_prefix() -> None:
+    result = CliRunner().invoke(render_command, ["outbound-sales", *DIRS, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert body["token_ids"] == byte_tokenize(body["text"])
+    assert body["token_count"] == len(body["token_ids"])
+    assert body["prefix_hash"] == prefix_hash(body["text"], tuple(body["token_ids"]))
+    assert body["text"].startswith("<|im_start|>system\nYou are Maya")
+    assert body["text"].endswith("Call details\nCustomer: ")
+
+
+def test_cli_render_text_and_unknown_agent() -> None:
+    result = CliRunner().invoke(render_command, ["outbound-sales", *DIRS])
+    assert result.exit_code == 0
+    assert "<|im_start|>system\nYou are Maya" in result.output
+    missing = CliRunner().invoke(render_command, ["nobody", *DIRS])
+    assert missing.exit_code == 2
+    assert "unknown agent 'nobody'" in missing.output

@@ -1,0 +1,249 @@
+"""`warmer render AGENT` and `warmer lint [AGENT...]`: the exact stable prefix, and what breaks it.
+
+Thin shell: loading is `warmer.config`, computing is `warmer.core.prefix` / `warmer.core.lint`.
+Rendering and tokenizing are offline by default (the model profile's chat template + tokenizer file).
+Seam for engine-backed rendering: put a `PromptToolsFactory` under `ctx.obj["prompt_tools"]` (e.g. one
+that calls a box's `/apply-template` + `/tokenize`); these commands then use it instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import click
+
+from warmer.config.agents import load_agent_specs
+from warmer.config.loader import load_config
+from warmer.config.profiles import load_profiles
+from warmer.config.tokenizer import offline_renderer, offline_tokenizer
+from warmer.core.agents import AgentSpec
+from warmer.core.errors import ConfigError
+from warmer.core.lint import AgentLint, Finding, lint_agent, shared_prefixes
+from warmer.core.model import ModelProfile
+from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
+
+PromptToolsFactory = Callable[[ModelProfile], tuple[RenderFn, TokenizeFn]]
+
+EXIT_BELOW_MIN_SHARE = 1
+EXIT_CONFIG_ERROR = 2
+
+
+def offline_prompt_tools(profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
+    return offline_renderer(profile), offline_tokenizer(profile)
+
+
+def _config_options(command: Callable[..., None]) -> Callable[..., None]:
+    options = [
+        click.option(
+            "--config",
+            "config_path",
+            type=click.Path(path_type=Path, dir_okay=False),
+            default=None,
+            help="Config file (else WARMER_CONFIG); agents come from its fleet.agents_dir.",
+        ),
+        click.option(
+            "--agents-dir",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=None,
+            help="Agent spec directory; overrides the config's fleet.agents_dir.",
+        ),
+        click.option(
+            "--models-dir",
+            type=click.Path(path_type=Path, file_okay=False),
+            default=None,
+            help="Model profile directory (with --agents-dir; default: models).",
+        ),
+        click.option(
+            "--samples",
+            type=click.IntRange(min=2),
+            default=3,
+            show_default=True,
+            help="Sample calls rendered to find the common token prefix.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _load(
+    config_path: Path | None, agents_dir: Path | None, models_dir: Path | None
+) -> tuple[Mapping[str, AgentSpec], Mapping[str, ModelProfile]]:
+    if agents_dir is not None:
+        return load_agent_specs(agents_dir), load_profiles(models_dir or Path("models"))
+    loaded = load_config(config_path)
+    if loaded.settings.fleet.agents_dir is None:
+        raise ConfigError([("fleet.agents_dir", "no agents configured: set it or pass --agents-dir")])
+    agents = {name: spec for name, spec in loaded.agents.items() if isinstance(spec, AgentSpec)}
+    return agents, loaded.profiles
+
+
+def _tools_for(ctx: click.Context, profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
+    factory: PromptToolsFactory = offline_prompt_tools
+    if isinstance(ctx.obj, dict) and callable(ctx.obj.get("prompt_tools")):
+        factory = ctx.obj["prompt_tools"]
+    return factory(profile)
+
+
+def _profile_of(spec: AgentSpec, profiles: Mapping[str, ModelProfile]) -> ModelProfile:
+    profile = profiles.get(spec.model)
+    if profile is None:
+        known = ", ".join(sorted(profiles)) or "none"
+        raise ConfigError(
+            [(f"agents.{spec.id}.model", f"unknown model profile {spec.model!r} (known: {known})")]
+        )
+    return profile
+
+
+def _fail(exc: ConfigError) -> None:
+    click.echo("configuration error:", err=True)
+    for path, message in exc.problems:
+        click.echo(f"  {path}: {message}", err=True)
+    sys.exit(EXIT_CONFIG_ERROR)
+
+
+def render_json(spec: AgentSpec, stable: StablePrefix) -> dict[str, object]:
+    """What `render --format json` prints: the prefix a warm request sends, and how it was derived."""
+    return {
+        "agent": spec.id,
+        "model": spec.model,
+        "spec_hash": spec.spec_hash,
+        "prefix_hash": stable.hash,
+        "token_count": stable.token_count,
+        "turn1_prompt_tokens": stable.turn1_prompt_tokens,
+        "stable_share": round(stable.stable_share, 4),
+        "first_dynamic_token_offset": stable.first_dynamic_token_offset,
+        "first_dynamic_location": stable.first_dynamic_site.describe() if stable.first_dynamic_site else None,
+        "text": stable.text,
+        "token_ids": list(stable.token_ids),
+    }
+
+
+@click.command("render")
+@click.argument("agent")
+@_config_options
+@click.option(
+    "--format", "output_format", type=click.Choice(["json", "text"]), default="text", show_default=True
+)
+@click.pass_context
+def render_command(
+    ctx: click.Context,
+    agent: str,
+    config_path: Path | None,
+    agents_dir: Path | None,
+    models_dir: Path | None,
+    samples: int,
+    output_format: str,
+) -> None:
+    """Print AGENT's exact stable prefix: what its warm request sends (text, token ids, count, hash)."""
+    try:
+        agents, profiles = _load(config_path, agents_dir, models_dir)
+        spec = agents.get(agent)
+        if spec is None:
+            raise ConfigError(
+                [("agent", f"unknown agent {agent!r} (known: {', '.join(sorted(agents)) or 'none'})")]
+            )
+        render, tokenize = _tools_for(ctx, _profile_of(spec, profiles))
+        stable = compute_stable_prefix(spec, render, tokenize, samples=samples)
+    except ConfigError as exc:
+        _fail(exc)
+        return
+    if output_format == "json":
+        click.echo(json.dumps(render_json(spec, stable), ensure_ascii=False, indent=2))
+        return
+    click.echo(f"# agent {spec.id}  model {spec.model}  prefix {stable.hash}")
+    click.echo(
+        f"# {stable.token_count} stable tokens of {stable.turn1_prompt_tokens} "
+        f"({stable.stable_share:.1%}); first per-call value at token {stable.first_dynamic_token_offset}"
+        + (f" ({stable.first_dynamic_site.describe()})" if stable.first_dynamic_site else "")
+    )
+    click.echo("# --- prefix text (exact, up to the stable boundary) ---")
+    click.echo(stable.text, nl=False)
+    click.echo("")
+
+
+def _finding_line(finding: Finding) -> str:
+    line = f"  [{finding.severity}] {finding.code}: {finding.message}"
+    return line + (f"\n      -> {finding.advice}" if finding.advice else "")
+
+
+@click.command("lint")
+@click.argument("agent_ids", nargs=-1, metavar="[AGENT...]")
+@_config_options
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output: a JSON list, one object per agent."
+)
+@click.option(
+    "--min-share",
+    type=click.FloatRange(0.0, 1.0),
+    default=None,
+    help="Exit 1 when any agent's stable share of its turn-1 prompt is below this (for prompt CI).",
+)
+@click.pass_context
+def lint_command(
+    ctx: click.Context,
+    agent_ids: tuple[str, ...],
+    config_path: Path | None,
+    agents_dir: Path | None,
+    models_dir: Path | None,
+    samples: int,
+    as_json: bool,
+    min_share: float | None,
+) -> None:
+    """Per agent: stable-prefix tokens, share of turn 1, where the first per-call value sits, advice."""
+    results: list[AgentLint] = []
+    stables: list[StablePrefix] = []
+    try:
+        agents, profiles = _load(config_path, agents_dir, models_dir)
+        unknown = [a for a in agent_ids if a not in agents]
+        if unknown:
+            raise ConfigError(
+                [("agent", f"unknown agent(s) {', '.join(unknown)} (known: {', '.join(sorted(agents))})")]
+            )
+        for agent_id in agent_ids or tuple(sorted(agents)):
+            spec = agents[agent_id]
+            render, tokenize = _tools_for(ctx, _profile_of(spec, profiles))
+            stable = compute_stable_prefix(spec, render, tokenize, samples=samples)
+            stables.append(stable)
+            results.append(lint_agent(spec, render, tokenize, samples=samples, stable=stable))
+    except ConfigError as exc:
+        _fail(exc)
+        return
+    shared = shared_prefixes(stables)
+    below = [r for r in results if min_share is not None and r.stable_share < min_share]
+
+    if as_json:
+        payload = []
+        for result in results:
+            data = result.as_json()
+            data["shares_prefix_with"] = [a for a in shared.get(result.prefix_hash, []) if a != result.agent]
+            data["below_min_share"] = result in below
+            payload.append(data)
+        click.echo(json.dumps(payload, ensure_ascii=False, indent=2))
+    else:
+        for result in results:
+            click.echo(
+                f"{result.agent} ({result.model}): {result.stable_prefix_tokens} stable tokens of "
+                f"{result.turn1_prompt_tokens} ({result.stable_share:.1%}; ideal {result.ideal_share:.1%}); "
+                f"first per-call value at token {result.first_dynamic_token_offset}"
+                + (f" in {result.first_dynamic_location}" if result.first_dynamic_location else "")
+                + (
+                    f"; wastes {result.wasted_tokens_per_call} tokens per call"
+                    if result.wasted_tokens_per_call
+                    else ""
+                )
+            )
+            others = [a for a in shared.get(result.prefix_hash, []) if a != result.agent]
+            if others:
+                click.echo(f"  [info] shares its prefix (one cache entry) with: {', '.join(others)}")
+            for finding in result.findings:
+                click.echo(_finding_line(finding))
+        for result in below:
+            click.echo(
+                f"FAIL {result.agent}: stable share {result.stable_share:.1%} < --min-share {min_share:.1%}"
+            )
+    if below:
+        sys.exit(EXIT_BELOW_MIN_SHARE)
