@@ -1,0 +1,227 @@
+"""SglangRouterGateway against in-process fakes of both router APIs (httpx.MockTransport).
+
+The fakes behave like the real routers: the current one adds workers in the background (202, then
+listed) and deletes by worker UUID; the legacy one adds/removes synchronously by URL query.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from urllib.parse import unquote
+
+import httpx
+import pytest
+
+from warmer.adapters.gateway.sglang_router import SglangRouterGateway
+from warmer.core.errors import GatewayError
+from warmer.core.model import BoxSpec, EngineKind
+
+pytestmark = pytest.mark.anyio
+
+ROUTER = "http://router.test:30000"
+BOX = BoxSpec(id="b1", base_url="http://10.0.0.5:8080/", engine=EngineKind.LLAMACPP, model="tiny")
+OTHER = BoxSpec(id="b2", base_url="http://10.0.0.6:8080", engine=EngineKind.LLAMACPP, model="tiny")
+
+
+class WorkersRouter:
+    """Current gateway: POST /workers -> 202 and the worker appears after `delay_polls` listings."""
+
+    def __init__(self, *, delay_polls: int = 1, reachable: bool = True, ids: bool = True) -> None:
+        self.workers: dict[str, str] = {}  # id -> url
+        self.pending: list[tuple[int, str]] = []
+        self.delay_polls = delay_polls
+        self.reachable = reachable
+        self.ids = ids
+        self.calls: list[str] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(f"{request.method} {request.url.path}")
+        if request.url.path == "/workers" and request.method == "GET":
+            self.pending = [(n - 1, url) for n, url in self.pending]
+            for n, url in self.pending:
+                if n <= 0 and self.reachable:
+                    self.workers[str(uuid.uuid4())] = url
+            self.pending = [(n, url) for n, url in self.pending if n > 0]
+            entries = [
+                {"id": i, "url": u, "is_healthy": True} if self.ids else {"url": u}
+                for i, u in self.workers.items()
+            ]
+            return httpx.Response(200, json={"workers": entries, "total": len(entries)})
+        if request.url.path == "/workers" and request.method == "POST":
+            url = json.loads(request.content)["url"]
+            self.pending.append((self.delay_polls, url))
+            return httpx.Response(202, json={"status": "accepted", "url": url})
+        if request.url.path.startswith("/workers/") and request.method == "DELETE":
+            key = unquote(request.url.raw_path.decode().removeprefix("/workers/"))
+            if self.ids:
+                if key not in self.workers:
+                    return httpx.Response(400, json={"error": f"Invalid worker_id '{key}' (expected UUID)"})
+                del self.workers[key]
+            else:
+                self.workers = {i: u for i, u in self.workers.items() if u != key}
+            return httpx.Response(202, json={"status": "accepted"})
+        return httpx.Response(404)
+
+
+class LegacyRouter:
+    """Older sglang-router: /add_worker, /remove_worker, /list_workers; no /workers."""
+
+    def __init__(self) -> None:
+        self.urls: list[str] = []
+        self.calls: list[str] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(f"{request.method} {request.url.path}")
+        url = request.url.params.get("url")
+        if request.url.path == "/list_workers":
+            return httpx.Response(200, json={"urls": self.urls})
+        if request.url.path == "/add_worker" and request.method == "POST" and url:
+            self.urls.append(url)
+            return httpx.Response(200, text=f"Successfully added worker: {url}")
+        if request.url.path == "/remove_worker" and request.method == "POST" and url:
+            if url not in self.urls:
+                return httpx.Response(400, text=f"Worker {url} not found")
+            self.urls.remove(url)
+            return httpx.Response(200, text=f"Successfully removed worker: {url}")
+        return httpx.Response(404)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _no_sleep(seconds: float) -> None:
+    await asyncio.sleep(0)
+
+
+def gateway(
+    router: WorkersRouter | LegacyRouter, **kwargs: object
+) -> tuple[SglangRouterGateway, httpx.AsyncClient]:
+    client = httpx.AsyncClient(transport=httpx.MockTransport(router.handle))
+    clock = iter(range(1_000_000))
+    gw = SglangRouterGateway(
+        client,
+        ROUTER,
+        sleep=_no_sleep,
+        monotonic=lambda: float(next(clock)),
+        settle_timeout=20,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return gw, client
+
+
+async def test_workers_api_register_waits_until_listed_then_deregisters_by_id() -> None:
+    router = WorkersRouter(delay_polls=3)
+    gw, client = gateway(router)
+    async with client:
+        await gw.register(BOX)
+        assert gw.api_style == "workers"
+        assert await gw.registered() == {"http://10.0.0.5:8080"}
+        assert router.calls.count("POST /workers") == 1
+        await gw.register(BOX)  # already a worker: no second POST (the router would fail it)
+        assert router.calls.count("POST /workers") == 1
+        await gw.register(OTHER)
+        await gw.deregister(BOX)
+        assert await gw.registered() == {"http://10.0.0.6:8080"}
+        assert any(call.startswith("DELETE /workers/") for call in router.calls)
+        await gw.deregister(BOX)  # not a worker: no-op
+        assert sum(call.startswith("DELETE") for call in router.calls) == 1
+
+
+async def test_workers_api_without_ids_deletes_by_encoded_url() -> None:
+    router = WorkersRouter(ids=False)
+    gw, client = gateway(router, api_style="workers")
+    async with client:
+        await gw.register(BOX)
+        await gw.deregister(BOX)
+        assert await gw.registered() == set()
+
+
+async def test_unreachable_worker_never_listed_is_an_error() -> None:
+    router = WorkersRouter(reachable=False)
+    gw, client = gateway(router)
+    async with client:
+        with pytest.raises(GatewayError, match="did not appear") as caught:
+            await gw.register(BOX)
+        assert caught.value.transient
+
+
+async def test_auto_falls_back_to_the_legacy_api() -> None:
+    router = LegacyRouter()
+    gw, client = gateway(router)
+    async with client:
+        await gw.register(BOX)
+        assert gw.api_style == "legacy"
+        assert router.urls == ["http://10.0.0.5:8080"]
+        assert await gw.registered() == {"http://10.0.0.5:8080"}
+        await gw.register(BOX)
+        assert router.calls.count("POST /add_worker") == 1
+        await gw.deregister(BOX)
+        assert router.urls == []
+        await gw.deregister(BOX)
+        assert router.calls.count("POST /remove_worker") == 1
+
+
+async def test_explicit_legacy_style_never_asks_for_workers() -> None:
+    router = LegacyRouter()
+    gw, client = gateway(router, api_style="legacy")
+    async with client:
+        await gw.register(OTHER)
+        assert "GET /workers" not in router.calls
+
+
+async def test_router_errors_are_typed() -> None:
+    def broken(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, text="overloaded")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(broken)) as client:
+        gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep)
+        with pytest.raises(GatewayError, match="HTTP 503") as caught:
+            await gw.registered()
+        assert caught.value.transient
+
+    def refuses(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json={"workers": []})
+        return httpx.Response(401, text="unauthorized")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(refuses)) as client:
+        gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep, api_key="k")
+        with pytest.raises(GatewayError, match="HTTP 401") as caught:
+            await gw.register(BOX)
+        assert not caught.value.transient
+
+
+async def test_transport_failure_is_transient() -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(down)) as client:
+        gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep)
+        with pytest.raises(GatewayError, match="ConnectError") as caught:
+            await gw.register(BOX)
+        assert caught.value.transient
+
+
+async def test_api_key_is_sent_as_bearer() -> None:
+    seen: list[str | None] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"workers": []})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        await SglangRouterGateway(client, ROUTER, api_key="admin-key").registered()
+    assert seen == ["Bearer admin-key"]
+
+
+async def test_unexpected_listing_body_is_an_error() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"workers": "nope"})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        with pytest.raises(GatewayError, match="not a list"):
+            await SglangRouterGateway(client, ROUTER).registered()

@@ -1,0 +1,1 @@
+"""Router integrations: GatewayPort implementations."""

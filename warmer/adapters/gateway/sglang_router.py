@@ -1,0 +1,187 @@
+"""GatewayPort for the SGLang router / SGLang Model Gateway: warm boxes in as workers, cold ones out.
+
+Two worker APIs exist (sgl-project/sglang, `sgl-router/src/server.rs`):
+
+- current (`workers`): `POST /workers` with `{"url": ...}` answers 202 and adds the worker in the
+  background (the gateway first probes the worker); `GET /workers` lists
+  `{"workers": [{"id", "url", "is_healthy", ...}], ...}`; `DELETE /workers/{id}` removes one.
+  sglang-router 0.3.2 (the wheel we test against) takes the worker's UUID `id` there and answers 400
+  for anything else; earlier gateways took the URL-encoded worker URL, which is used when the
+  listing carries no `id`.
+- older (`legacy`): `POST /add_worker?url=...`, `POST /remove_worker?url=...`,
+  `GET /list_workers` -> `{"urls": [...]}`. 0.3.2 no longer serves these (404).
+
+What 0.3.2 asks of a worker before it takes it (seen against the real wheel): `GET /health` must
+answer 200 (its periodic health check uses the same path); it then tries `/server_info`,
+`/get_server_info`, `/model_info`, `/get_model_info` for metadata, and a 404 on all of them is
+fine (the worker's model is then "unknown"). A llama-server box therefore qualifies as is once its
+model is loaded (its `/health` is 503 while loading). Adding a URL that is already a worker is
+accepted with 202 and then fails in the background, so `register` checks the listing first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Literal
+from urllib.parse import quote
+
+import httpx
+
+from warmer.core.errors import GatewayError
+from warmer.core.model import BoxSpec
+
+ApiStyle = Literal["workers", "legacy", "auto"]
+
+
+def _same_url(url: str) -> str:
+    return url.strip().rstrip("/")
+
+
+class SglangRouterGateway:
+    """Registers boxes with an SGLang router over an injected client; waits until the change shows.
+
+    `api_style="auto"` uses `/workers` and falls back to the legacy endpoints when the router
+    answers 404 there. `settle_timeout` bounds the wait for a background add/remove to appear in
+    the listing; a box that never appears (e.g. the router cannot reach its /health) is a
+    GatewayError rather than a silent success.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        *,
+        api_style: ApiStyle = "auto",
+        api_key: str | None = None,
+        request_timeout: float = 5.0,
+        settle_timeout: float = 30.0,
+        poll_interval: float = 0.2,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._base = _same_url(base_url)
+        self._style: ApiStyle = api_style
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout = request_timeout
+        self._settle_timeout = settle_timeout
+        self._poll_interval = poll_interval
+        self._sleep = sleep
+        self._monotonic = monotonic
+
+    @property
+    def api_style(self) -> ApiStyle:
+        """The API in use; `auto` until the first call has found out."""
+        return self._style
+
+    async def _request(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+        url = f"{self._base}{path}"
+        try:
+            return await self._client.request(
+                method,
+                url,
+                headers=self._headers,
+                timeout=self._timeout,
+                **kwargs,  # type: ignore[arg-type]
+            )
+        except httpx.HTTPError as exc:
+            raise GatewayError(
+                f"gateway {method} {path}: {type(exc).__name__}: {exc}", transient=True
+            ) from exc
+
+    @staticmethod
+    def _fail(response: httpx.Response, what: str) -> GatewayError:
+        body = response.text[:300]
+        transient = response.status_code >= 500 or response.status_code == 429
+        return GatewayError(f"gateway {what}: HTTP {response.status_code}: {body}", transient=transient)
+
+    async def _workers(self) -> list[dict[str, object]]:
+        """The router's worker entries, as `{"url": ..., "id": ...?}`; settles the API style."""
+        if self._style in ("workers", "auto"):
+            response = await self._request("GET", "/workers")
+            if response.status_code == 404 and self._style == "auto":
+                self._style = "legacy"
+            elif response.status_code != 200:
+                raise self._fail(response, "list workers")
+            else:
+                if self._style == "auto":
+                    self._style = "workers"
+                return self._parse_workers(response)
+        response = await self._request("GET", "/list_workers")
+        if response.status_code != 200:
+            raise self._fail(response, "list workers (legacy)")
+        try:
+            urls = response.json()["urls"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GatewayError(f"gateway /list_workers answered an unexpected body: {exc}") from exc
+        if not isinstance(urls, list):
+            raise GatewayError("gateway /list_workers: `urls` is not a list")
+        return [{"url": str(url)} for url in urls]
+
+    @staticmethod
+    def _parse_workers(response: httpx.Response) -> list[dict[str, object]]:
+        try:
+            entries = response.json()["workers"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GatewayError(f"gateway /workers answered an unexpected body: {exc}") from exc
+        if not isinstance(entries, list):
+            raise GatewayError("gateway /workers: `workers` is not a list")
+        out: list[dict[str, object]] = []
+        for entry in entries:
+            if isinstance(entry, dict) and isinstance(entry.get("url"), str):
+                out.append(entry)
+        return out
+
+    async def registered(self) -> set[str]:
+        """Base URLs (no trailing slash) the router currently routes to."""
+        return {_same_url(str(entry["url"])) for entry in await self._workers()}
+
+    async def _settle(self, url: str, *, present: bool) -> None:
+        deadline = self._monotonic() + self._settle_timeout
+        while True:
+            if (url in await self.registered()) == present:
+                return
+            if self._monotonic() >= deadline:
+                state = "appear in" if present else "leave"
+                raise GatewayError(
+                    f"gateway: worker {url} did not {state} the worker list "
+                    f"within {self._settle_timeout:.0f}s",
+                    transient=True,
+                )
+            await self._sleep(self._poll_interval)
+
+    async def register(self, box: BoxSpec) -> None:
+        """Make `box` a worker; returns once the router lists it. Already a worker: nothing to do."""
+        url = _same_url(box.base_url)
+        if url in await self.registered():
+            return
+        if self._style == "legacy":
+            response = await self._request("POST", "/add_worker", params={"url": url})
+            if response.status_code != 200:
+                raise self._fail(response, f"add worker {url} (legacy)")
+        else:
+            response = await self._request("POST", "/workers", json={"url": url})
+            if response.status_code not in (200, 201, 202):
+                raise self._fail(response, f"add worker {url}")
+        await self._settle(url, present=True)
+
+    async def deregister(self, box: BoxSpec) -> None:
+        """Stop routing to `box`; returns once the router no longer lists it. Not a worker: no-op."""
+        url = _same_url(box.base_url)
+        entries = [entry for entry in await self._workers() if _same_url(str(entry["url"])) == url]
+        if not entries:
+            return
+        if self._style == "legacy":
+            response = await self._request("POST", "/remove_worker", params={"url": url})
+            if response.status_code != 200:
+                raise self._fail(response, f"remove worker {url} (legacy)")
+        else:
+            for entry in entries:
+                worker_id = entry.get("id")
+                key = str(worker_id) if isinstance(worker_id, str) and worker_id else quote(url, safe="")
+                response = await self._request("DELETE", f"/workers/{key}")
+                if response.status_code not in (200, 202, 204, 404):
+                    raise self._fail(response, f"remove worker {url}")
+        await self._settle(url, present=False)
