@@ -7,10 +7,12 @@ entry in `_COMMANDS` below. Commands needing the group's `--config` use `warmer.
 from warmer.cli.check import check_config
 from warmer.cli.db import db
 from warmer.cli.group import main
+from warmer.cli.hitrate import hitrate
 from warmer.cli.serve import serve
 from warmer.cli.warm import warm_command
+from warmer.cli.webhook import sign_webhook
 
-_COMMANDS = (check_config, db, serve, warm_command)
+_COMMANDS = (check_config, db, serve, warm_command, hitrate, sign_webhook)
 
 for _command in _COMMANDS:
     main.add_command(_command)
