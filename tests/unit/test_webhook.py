@@ -277,3 +277,23 @@ def test_sign_webhook_cli_rotation_and_missing_secret(
     )
     value = both.output.strip()
     assert verify_signature(BODY, value, [OLD_SECRET], now=float(value.split(",")[0][2:])).ok
+
+
+def test_settings_give_the_secrets_and_the_box_url_policy() -> None:
+    from warmer.config.settings import Settings
+
+    api = Settings(
+        api={
+            "webhook_secret": SECRET,
+            "webhook_previous_secrets": [OLD_SECRET],
+            "webhook_box_url_patterns": ["http://10.0.3.*:30000"],
+        }
+    ).api
+    assert api.webhook_secrets() == [SECRET, OLD_SECRET]
+    assert SECRET not in repr(api)
+    signed_with_old = sign_body(BODY, OLD_SECRET, NOW)
+    assert verify_signature(BODY, signed_with_old, api.webhook_secrets(), now=NOW).ok
+    box = {"id": "x", "base_url": "http://10.0.3.9:30000", "engine": "vllm", "model": "m"}
+    assert parse_deploy_event(event("box.added", box=box), box_url_policy=api.box_url_policy())
+    assert Settings().api.webhook_secrets() == []
+    assert Settings().api.box_url_policy() == BoxUrlPolicy()

@@ -33,6 +33,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, ModelProfile, RetryPolicy
+from warmer.core.webhook import BoxUrlPolicy
 
 CONFIG_ENV_VAR = "WARMER_CONFIG"
 EMBEDDED_DATABASE_FILE = "warmer.db"
@@ -148,6 +149,30 @@ class ApiSettings(_Section):
             "5 minutes tolerates clock skew between the pipeline and this host."
         ),
     )
+    webhook_previous_secrets: list[SecretStr] = Field(
+        default_factory=list,
+        description=(
+            "Older webhook secrets still accepted while the deploy pipeline moves to `webhook_secret` "
+            "(rotation without downtime); remove them once every sender signs with the new one."
+        ),
+    )
+    webhook_box_url_patterns: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Shell-glob patterns a `box.added` event's base_url must match, written against the normalized "
+            "URL `scheme://host:port[/path]`, e.g. `http://10.0.3.*:30000`. Empty: events cannot add boxes, "
+            "so a webhook can never point the daemon at a URL the operator did not allow."
+        ),
+    )
+
+    def webhook_secrets(self) -> list[str]:
+        """Every secret a webhook signature may use, current first. Secret: never log them."""
+        current = [self.webhook_secret] if self.webhook_secret is not None else []
+        values = [secret.get_secret_value() for secret in (*current, *self.webhook_previous_secrets)]
+        return [value for value in values if value]
+
+    def box_url_policy(self) -> BoxUrlPolicy:
+        return BoxUrlPolicy(tuple(self.webhook_box_url_patterns))
 
     @property
     def binds_loopback(self) -> bool:
