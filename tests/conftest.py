@@ -9,7 +9,9 @@ import pytest
 
 from testbed.fleet import LlamaFleet
 from testbed.llama_build import ensure_llama_server
+from testbed.tiny_hf_model import ensure_tiny_hf_model
 from testbed.tiny_model import ensure_tiny_model
+from testbed.vllm_server import VllmServer
 
 # -- real llama-server boxes (testbed) ----------------------------------------------------------------
 # Never skipped: a missing binary is built (about 9 minutes, once per machine), as CI relies on.
@@ -52,6 +54,7 @@ def llama_fleet_factory(
     for fleet in fleets:
         fleet.stop()
 
+
 # -- databases for the store suite: a SQLite file and a throwaway PostgreSQL database -------------------
 # PostgreSQL is the real server on 127.0.0.1:5432 (CI provides it); WARMER_TEST_POSTGRES_URL names a
 # database on another server where the tests may CREATE DATABASE. Never skipped.
@@ -85,3 +88,30 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     finally:
         admin.dispose()
 
+
+# -- a real vLLM (CPU) server on the tiny HF model (testbed) --------------------------------------------
+# Never skipped: a missing install is made (about 8 minutes, once per machine). Start-up takes 30-90 s, so
+# the whole session shares ONE server; tests use their own unique prompts instead of a fresh cache.
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model_path() -> Path:
+    return ensure_tiny_hf_model()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_hf_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """The session's vLLM server (`base_url`, `pid`, `served_model_name` "tiny", block size 128)."""
+    server = VllmServer(tiny_hf_model_path, workdir=tmp_path_factory.mktemp("vllm"))
+    with server:
+        yield server
+
+
+@pytest.fixture
+def vllm_restartable(vllm_server: VllmServer) -> Iterator[VllmServer]:
+    """The same session server, for a test that calls `restart()`/`stop()`; it is running again afterwards.
+
+    Sharing it avoids a second 30-90 s start-up; the port (so `base_url`) survives restarts.
+    """
+    yield vllm_server
+    vllm_server.start()  # no-op when it is already up
