@@ -1,8 +1,8 @@
 """Run a real vLLM OpenAI-compatible server (CPU build) on the tiny generated model, for integration tests.
 
-Start-up is slow (~30 s with `--enforce-eager`, 40-75 s with graph compilation), so tests share one server
-per session. The port is chosen once and kept across `restart()`, so a restarted server is the same box
-to the daemon, only with a new process (new epoch) and an empty cache.
+Start-up is slow (~30 s with `--enforce-eager` on an idle 2-core box, 70-140 s when it is busy), so
+tests share one server per session. The port is chosen once and kept across `restart()`, so a restarted
+server is the same box to the daemon, only with a new process (new epoch) and an empty cache.
 
 Flags and environment, checked against vLLM 0.32.0 (`vllm/engine/arg_utils.py`,
 `vllm/entrypoints/launchers/cli_args.py`, `vllm/envs.py`) and

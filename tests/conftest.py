@@ -90,7 +90,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
 
 # -- a real vLLM (CPU) server on the tiny HF model (testbed) --------------------------------------------
-# Never skipped: a missing install is made (about 8 minutes, once per machine). Start-up takes 30-90 s, so
+# Never skipped: a missing install is made (about 8 minutes, once per machine). Start-up takes 30-140 s, so
 # the whole session shares ONE server; tests use their own unique prompts instead of a fresh cache.
 
 
@@ -111,7 +111,7 @@ def vllm_server(tiny_hf_model_path: Path, tmp_path_factory: pytest.TempPathFacto
 def vllm_restartable(vllm_server: VllmServer) -> Iterator[VllmServer]:
     """The same session server, for a test that calls `restart()`/`stop()`; it is running again afterwards.
 
-    Sharing it avoids a second 30-90 s start-up; the port (so `base_url`) survives restarts.
+    Sharing it avoids a second 30-140 s start-up; the port (so `base_url`) survives restarts.
     """
     yield vllm_server
     vllm_server.start()  # no-op when it is already up
