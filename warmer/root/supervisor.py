@@ -121,8 +121,11 @@ class Supervisor:
                 done, _ = await asyncio.wait(pending | {stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
                 for task in done - {stop_waiter}:
                     pending.discard(task)
-                    failed |= self._note_end(running[task], task, expected=False)
-                    self.request_stop(f"root task {running[task]!r} ended")
+                    # Ending in the same turn as a stop request is a normal stop, not a death.
+                    expected = stopping.is_set()
+                    failed |= self._note_end(running[task], task, expected=expected)
+                    if not expected:
+                        self.request_stop(f"root task {running[task]!r} ended")
 
             deadline = loop.time() + self._grace_seconds
             while pending and not force.is_set() and (remaining := deadline - loop.time()) > 0:

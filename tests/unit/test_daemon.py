@@ -1,0 +1,120 @@
+"""The composition root: a built daemon serves its API, reports readiness from its store, stops cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from warmer.config.settings import Settings
+from warmer.root.app import Daemon, ManagedStore, build
+
+
+class FakeStore:
+    """Just enough of the store for the root: a ping that can be made to fail, and a close."""
+
+    def __init__(self) -> None:
+        self.reachable = True
+        self.closed = False
+
+    async def ping(self) -> None:
+        if not self.reachable:
+            raise ConnectionError("no route to database")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def settings_for(tmp_path: Path, port: int) -> Settings:
+    return Settings(
+        api={"host": "127.0.0.1", "port": port},
+        database={"state_dir": str(tmp_path)},
+        reconcile={"shutdown_grace_seconds": 5},
+    )
+
+
+def build_with(settings: Settings, store: FakeStore, prepared: list[str]) -> Daemon:
+    def factory(_: Settings) -> ManagedStore:
+        return store  # type: ignore[return-value]
+
+    return build(settings, store_factory=factory, prepare=lambda s: prepared.append(s.database_url()))
+
+
+async def wait_until_started(daemon: Daemon, running: asyncio.Task[int]) -> None:
+    for _ in range(600):
+        if daemon.started:
+            return
+        if running.done():
+            raise AssertionError(f"daemon ended early with {running.result()}")
+        await asyncio.sleep(0.05)
+    raise AssertionError("daemon did not start")
+
+
+def test_daemon_serves_reports_readiness_and_stops_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    store, prepared = FakeStore(), []
+    daemon = build_with(settings_for(tmp_path, port), store, prepared)
+
+    async def scenario() -> int:
+        assert (await daemon.readiness()).reason == "starting"
+        running = asyncio.create_task(daemon.run(handle_signals=False))
+        await wait_until_started(daemon, running)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert (await client.get("/healthz")).json() == {"status": "ok"}
+            assert (await client.get("/readyz")).status_code == 200
+            metrics = (await client.get("/metrics")).text
+            assert "warmer_up 1.0" in metrics
+            assert "warmer_ready 1.0" in metrics
+            store.reachable = False
+            not_ready = await client.get("/readyz")
+            assert not_ready.status_code == 503
+            assert not_ready.json()["reason"] == "database unreachable: ConnectionError"
+        daemon.supervisor.request_stop("test over")
+        return await running
+
+    assert asyncio.run(scenario()) == 0
+    assert prepared == [f"sqlite:///{tmp_path / 'warmer.db'}"]
+    assert store.closed
+    assert daemon.http.is_closed
+
+
+def test_a_failed_database_preparation_is_fatal(tmp_path: Path) -> None:
+    def broken(_: Settings) -> None:
+        raise RuntimeError("migration failed")
+
+    store = FakeStore()
+    daemon = build(
+        settings_for(tmp_path, free_port()),
+        store_factory=lambda _: store,  # type: ignore[arg-type,return-value]
+        prepare=broken,
+    )
+    assert asyncio.run(daemon.run(handle_signals=False)) == 1
+    assert daemon.http.is_closed
+
+
+def test_a_port_in_use_is_fatal(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = int(taken.getsockname()[1])
+        store = FakeStore()
+        daemon = build_with(settings_for(tmp_path, port), store, [])
+        assert asyncio.run(daemon.run(handle_signals=False)) == 1
+    assert store.closed
+    sample = daemon.metrics.registry.get_sample_value("warmer_root_task_failures_total", {"task": "api"})
+    assert sample == 1.0
+
+
+def test_store_is_only_there_while_running(tmp_path: Path) -> None:
+    daemon = build_with(settings_for(tmp_path, free_port()), FakeStore(), [])
+    with pytest.raises(RuntimeError, match="only while the daemon runs"):
+        _ = daemon.store
