@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import click
 import pytest
 from click.testing import CliRunner
-from prompt_helpers import AGENTS_DIR, MODELS_DIR, byte_tokenize, chatml, spec
+from prompt_helpers import AGENTS_DIR, MODELS_DIR, REPO, byte_tokenize, chatml, spec, word_tokenize
 
-from warmer.cli.prompts import lint_command, render_command
+from warmer.cli import main
+from warmer.cli.prompts import PROMPT_TOOLS_KEY, lint_command, render_command
 from warmer.config.agents import load_agent_specs
 from warmer.core.lint import (
     TokenCountObservation,
@@ -17,8 +19,8 @@ from warmer.core.lint import (
     looks_per_call,
     scan_static_text,
 )
-from warmer.core.model import prefix_hash
-from warmer.core.prefix import compute_stable_prefix
+from warmer.core.model import ModelProfile, prefix_hash
+from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
 
 REQUIRED_JSON_KEYS = (
     "agent",
@@ -217,3 +219,31 @@ def test_cli_render_text_and_unknown_agent() -> None:
     missing = CliRunner().invoke(render_command, ["nobody", *DIRS])
     assert missing.exit_code == 2
     assert "unknown agent 'nobody'" in missing.output
+
+
+def test_cli_is_registered_and_uses_the_group_config() -> None:
+    result = CliRunner().invoke(main, ["--config", str(REPO / "config" / "example.toml"), "lint", "--json"])
+    assert result.exit_code == 0, result.output
+    assert {row["agent"] for row in json.loads(result.output)} == {"outbound-sales", "outbound-sales-early"}
+
+
+def test_cli_render_uses_injected_engine_tools() -> None:
+    """The seam for engine-backed rendering: a factory in ctx.meta replaces the offline template/tokenizer."""
+    seen: list[str] = []
+
+    def engine_tools(profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
+        seen.append(profile.name)
+        return chatml, word_tokenize
+
+    @click.group()
+    @click.pass_context
+    def shell(ctx: click.Context) -> None:
+        ctx.meta[PROMPT_TOOLS_KEY] = engine_tools
+
+    shell.add_command(render_command)
+    result = CliRunner().invoke(shell, ["render", "outbound-sales", *DIRS, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    body = json.loads(result.output)
+    assert seen == ["tiny-demo"]
+    assert body["token_ids"] == word_tokenize(body["text"])
+    assert body["text"].endswith("Customer:")  # word tokens: the space belongs to the name

@@ -8,11 +8,12 @@ from warmer.cli.check import check_config
 from warmer.cli.db import db
 from warmer.cli.group import main
 from warmer.cli.hitrate import hitrate
+from warmer.cli.prompts import lint_command, render_command
 from warmer.cli.serve import serve
 from warmer.cli.warm import warm_command
 from warmer.cli.webhook import sign_webhook
 
-_COMMANDS = (check_config, db, serve, warm_command, hitrate, sign_webhook)
+_COMMANDS = (check_config, db, serve, warm_command, hitrate, sign_webhook, render_command, lint_command)
 
 for _command in _COMMANDS:
     main.add_command(_command)

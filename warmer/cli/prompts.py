@@ -2,8 +2,9 @@
 
 Thin shell: loading is `warmer.config`, computing is `warmer.core.prefix` / `warmer.core.lint`.
 Rendering and tokenizing are offline by default (the model profile's chat template + tokenizer file).
-Seam for engine-backed rendering: put a `PromptToolsFactory` under `ctx.obj["prompt_tools"]` (e.g. one
+Seam for engine-backed rendering: put a `PromptToolsFactory` under `ctx.meta[PROMPT_TOOLS_KEY]` (e.g. one
 that calls a box's `/apply-template` + `/tokenize`); these commands then use it instead.
+Exit codes: 0 ok, 1 an agent is below `--min-share`, 2 configuration error (so CI can tell them apart).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stabl
 
 PromptToolsFactory = Callable[[ModelProfile], tuple[RenderFn, TokenizeFn]]
 
+PROMPT_TOOLS_KEY = "warmer.prompt_tools"
 EXIT_BELOW_MIN_SHARE = 1
 EXIT_CONFIG_ERROR = 2
 
@@ -70,8 +72,11 @@ def _config_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 def _load(
-    config_path: Path | None, agents_dir: Path | None, models_dir: Path | None
+    ctx: click.Context, config_path: Path | None, agents_dir: Path | None, models_dir: Path | None
 ) -> tuple[Mapping[str, AgentSpec], Mapping[str, ModelProfile]]:
+    if config_path is None:  # the `warmer --config` group option (or WARMER_CONFIG), when run under it
+        group_path = getattr(ctx.find_root().obj, "config_path", None)
+        config_path = group_path if isinstance(group_path, Path) else None
     if agents_dir is not None:
         return load_agent_specs(agents_dir), load_profiles(models_dir or Path("models"))
     loaded = load_config(config_path)
@@ -82,9 +87,7 @@ def _load(
 
 
 def _tools_for(ctx: click.Context, profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
-    factory: PromptToolsFactory = offline_prompt_tools
-    if isinstance(ctx.obj, dict) and callable(ctx.obj.get("prompt_tools")):
-        factory = ctx.obj["prompt_tools"]
+    factory: PromptToolsFactory = ctx.meta.get(PROMPT_TOOLS_KEY, offline_prompt_tools)
     return factory(profile)
 
 
@@ -140,7 +143,7 @@ def render_command(
 ) -> None:
     """Print AGENT's exact stable prefix: what its warm request sends (text, token ids, count, hash)."""
     try:
-        agents, profiles = _load(config_path, agents_dir, models_dir)
+        agents, profiles = _load(ctx, config_path, agents_dir, models_dir)
         spec = agents.get(agent)
         if spec is None:
             raise ConfigError(
@@ -197,7 +200,7 @@ def lint_command(
     results: list[AgentLint] = []
     stables: list[StablePrefix] = []
     try:
-        agents, profiles = _load(config_path, agents_dir, models_dir)
+        agents, profiles = _load(ctx, config_path, agents_dir, models_dir)
         unknown = [a for a in agent_ids if a not in agents]
         if unknown:
             raise ConfigError(
