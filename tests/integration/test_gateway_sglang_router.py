@@ -1,0 +1,145 @@
+"""SglangRouterGateway against the REAL sglang-router (PyPI wheel, runs on CPU) and real llama-server boxes.
+
+The router starts with no workers. A box the gateway registers gets the router's traffic; a box it
+deregisters gets none, including across a restart of that box. Which box served a request is read from
+the boxes' own `/metrics` counters (llama-server `--metrics`): prompt tokens processed + cached.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from testbed.fleet import LlamaBox, LlamaFleet, free_loopback_port, log_tail
+from warmer.adapters.gateway.sglang_router import SglangRouterGateway
+from warmer.core.hitrate import cache_stats_from_metrics
+from warmer.core.model import BoxSpec, EngineKind
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+FleetFactory = Callable[..., LlamaFleet]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def router_url(tmp_path: Path) -> Iterator[str]:
+    """A real sglang-router on a free loopback port, with no initial workers; stopped by PID."""
+    port = free_loopback_port()
+    log_path = tmp_path / "sglang-router.log"
+    command = [
+        sys.executable, "-m", "sglang_router.launch_router",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--policy", "round_robin",
+        "--health-check-interval-secs", "1",
+        "--log-level", "warn",
+        # its Prometheus exporter binds a port of its own (default 29000): give it a free one too
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_loopback_port()),
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"sglang-router exited with {proc.returncode}:\n{log_tail(log_path)}")
+            try:
+                if httpx.get(f"{url}/workers", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sglang-router did not answer /workers:\n{log_tail(log_path)}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def spec(box: LlamaBox) -> BoxSpec:
+    return BoxSpec(id=box.id, base_url=box.base_url, engine=EngineKind.LLAMACPP, model="tiny")
+
+
+def prompt_tokens_seen(box: LlamaBox) -> float:
+    """Every prompt token the box has looked at (computed + reused): grows with each request it serves."""
+    text = httpx.get(f"{box.base_url}/metrics", timeout=10.0).text
+    stats = cache_stats_from_metrics(EngineKind.LLAMACPP, text)
+    assert stats.queried_tokens is not None
+    return stats.queried_tokens
+
+
+async def complete_via_router(client: httpx.AsyncClient, router: str, prompt: str) -> httpx.Response:
+    # the router's OpenAI request type requires `model`; llama-server serves its one model whatever the name
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    return await client.post(f"{router}/v1/completions", json=body, timeout=120.0)
+
+
+async def test_router_routes_only_to_registered_boxes(
+    router_url: str, llama_fleet_factory: FleetFactory
+) -> None:
+    fleet = llama_fleet_factory(2)
+    first, second = fleet.boxes
+    async with httpx.AsyncClient() as client:
+        gateway = SglangRouterGateway(client, router_url, settle_timeout=60)
+        assert await gateway.registered() == set()
+
+        await gateway.register(spec(first))
+        assert gateway.api_style == "workers"  # 0.3.2 serves only the /workers API
+        assert await gateway.registered() == {first.base_url}
+
+        before = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+        for i in range(3):
+            response = await complete_via_router(client, router_url, f"Call {i}: hello, who is this?")
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["text"] is not None
+        after = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+        assert after[0] > before[0], "the registered box served the requests"
+        assert after[1] == before[1], "the unregistered box got nothing"
+
+        # swap: second in, first out -> everything goes to the second box
+        await gateway.register(spec(second))
+        await gateway.deregister(spec(first))
+        assert await gateway.registered() == {second.base_url}
+        before = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+        for i in range(3):
+            response = await complete_via_router(client, router_url, f"Call {i}: still there?")
+            assert response.status_code == 200, response.text
+        after = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+        assert after[0] == before[0], "a deregistered box gets no traffic"
+        assert after[1] > before[1]
+
+        # a restarted box stays out until it is registered again (warmer does that once it is ready)
+        fleet.restart(first.id)
+        restarted = fleet.box(first.id)
+        before_first = prompt_tokens_seen(restarted)
+        for i in range(2):
+            assert (await complete_via_router(client, router_url, f"Restart {i}")).status_code == 200
+        assert prompt_tokens_seen(restarted) == before_first
+        await gateway.register(spec(restarted))
+        await gateway.deregister(spec(second))
+        assert await gateway.registered() == {restarted.base_url}
+        assert (await complete_via_router(client, router_url, "Back in service")).status_code == 200
+        assert prompt_tokens_seen(restarted) > before_first
+
+        # nothing registered: the router has nowhere to send a request
+        await gateway.deregister(spec(restarted))
+        assert await gateway.registered() == set()
+        seen = (prompt_tokens_seen(restarted), prompt_tokens_seen(second))
+        response = await complete_via_router(client, router_url, "Anyone?")
+        assert response.status_code >= 500
+        assert (prompt_tokens_seen(restarted), prompt_tokens_seen(second)) == seen
