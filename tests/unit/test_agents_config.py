@@ -198,6 +198,7 @@ def test_spec_hash_tracks_content_not_location() -> None:
     assert moved.spec_hash == a.spec_hash
     assert spec(blocks=(("persona", "You are Sam."),)).spec_hash != a.spec_hash
     assert spec(tools=(tool("end_call"),)).spec_hash != a.spec_hash
+    assert len({spec(tools=(tool("end_call"),)), spec(tools=(tool("end_call"),)), a}) == 2  # usable as keys
 
 
 def test_escaped_braces_are_literal_and_json_is_left_alone() -> None:

@@ -226,7 +226,8 @@ def load_agent_spec(path: Path) -> AgentSpec:
             source=str(path),
         )
     except ConfigError as exc:
-        problems += [p for p in exc.problems if p not in problems]
+        reported = {path for path, _ in problems}  # one message per field: the file-level one wins
+        problems += [p for p in exc.problems if p[0] not in reported]
     if problems:
         raise ConfigError(problems)
     return spec

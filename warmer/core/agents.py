@@ -123,6 +123,9 @@ class AgentSpec:
         if problems:
             raise ConfigError(problems)
 
+    def __hash__(self) -> int:  # tool definitions are dicts: hash the canonical content instead
+        return hash(self.spec_hash)
+
     @property
     def placeholder_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.placeholders)
