@@ -17,6 +17,9 @@ answer 200 (its periodic health check uses the same path); it then tries `/serve
 fine (the worker's model is then "unknown"). A llama-server box therefore qualifies as is once its
 model is loaded (its `/health` is 503 while loading). Adding a URL that is already a worker is
 accepted with 202 and then fails in the background, so `register` checks the listing first.
+An add whose worker is unreachable keeps being retried by the router in the background: it can
+still land after `register` gave up with a GatewayError. Callers must therefore treat `registered()`
+as the truth on every pass and deregister any listed box they do not consider ready.
 """
 
 from __future__ import annotations
