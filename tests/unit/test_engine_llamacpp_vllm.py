@@ -108,7 +108,19 @@ def test_llamacpp_cache_stats_adds_cached_to_computed() -> None:
         run(llama(off).cache_stats(LLAMA))
 
 
+def test_llamacpp_epoch_is_the_per_process_media_marker() -> None:
+    # /props `media_marker`: random per process (tools/server/server-common.h, get_media_marker).
+    props = {**PROPS, "media_marker": "<__media_iGNSiHuSbIpjwduzVoi15t18oAcD36Y6__>"}
+    script = Script().on("GET", "/props", props)
+    first = run(llama(script).epoch(LLAMA))
+    assert run(llama(script).epoch(LLAMA)) == first  # a new adapter (warmer restart) agrees: same process
+    script.on("GET", "/props", {**props, "media_marker": "<__media_ufbWgI3997015cV36VgR22SdHMrWOOOU__>"})
+    assert run(llama(script).epoch(LLAMA)) != first
+    assert script.count("/metrics") == 0
+
+
 def test_llamacpp_epoch_changes_when_decode_counter_goes_back_or_props_change() -> None:
+    """Servers without media_marker: the restart watch."""
     script = (
         Script().on("GET", "/props", PROPS).on("GET", "/metrics", httpx.Response(200, text=LLAMACPP_METRICS))
     )

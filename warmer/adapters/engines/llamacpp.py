@@ -13,10 +13,13 @@ Sources (ggml-org/llama.cpp, tools/server/README.md):
 - GET /metrics (only with `--metrics`): `llamacpp:prompt_tokens_total` (prompt tokens processed, cached ones
   excluded since the metrics refactor that added it) and `llamacpp:prompt_tokens_cached_total`.
 
-Epoch: llama-server reports no start time or process id. The epoch is a `RestartWatch` (health down/up seen
-by this adapter, a /props fingerprint change, or `llamacpp:n_decode_total` going backwards), which also
-changes whenever warmer itself restarts. A restart that slips between two observations unseen is still
-caught by the probe: a fresh process has an empty cache, so a verification after it reports cold.
+Epoch: llama-server reports no start time or process id, but /props `media_marker` is a random string drawn
+once per process (tools/server/server-common.h, `get_media_marker`: "each time the server restarts, the
+marker will be different"; measured: it changes across restarts of our build). That is the epoch. Caveat:
+an operator who pins it with LLAMA_MEDIA_MARKER hides restarts from it. Servers without the field get a
+`RestartWatch` epoch (health down/up seen by this adapter, a /props fingerprint change, or
+`llamacpp:n_decode_total` going backwards), which also changes whenever warmer itself restarts. Either way a
+restart is also caught by the probe: a fresh process has an empty cache, so a verification reports cold.
 """
 
 from __future__ import annotations
@@ -74,17 +77,18 @@ class LlamaCppEngine:
             "total_slots": props.get("total_slots"),
             "n_ctx": dig(props, "default_generation_settings.n_ctx"),
         }
-        marker = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[
-            :12
-        ]
+        media_marker = props.get("media_marker")
+        if isinstance(media_marker, str) and media_marker:
+            # Random per process (server-common.h: "each time the server restarts, the marker will be
+            # different"): a real process identity, stable across warmer restarts.
+            return f"llamacpp-{_digest({**fingerprint, 'media_marker': media_marker})}"
         decodes: float | None = None
         try:
-            samples = parse_metrics(
-                box, await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-            )
-            decodes = metric_sum(samples, "llamacpp:n_decode_total")
+            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
+            decodes = metric_sum(parse_metrics(box, text), "llamacpp:n_decode_total")
         except EngineRejected:
             decodes = None  # started without --metrics: the other signals still apply
+        marker = _digest(fingerprint)
         self._watch.saw_state(box.id, marker=marker, counter=decodes)
         return f"llamacpp-{marker}-{self._watch.epoch(box.id)}"
 
@@ -180,6 +184,10 @@ class LlamaCppEngine:
                 box.id, "/metrics lacks llamacpp:prompt_tokens_cached_total or llamacpp:prompt_tokens_total"
             )
         return CacheStats(queried_tokens=computed + cached, hit_tokens=cached)
+
+
+def _digest(fields: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def parse_completion(box: BoxSpec, body: JsonObject, wall_seconds: float) -> CompletionReport:
