@@ -1,0 +1,121 @@
+"""WarmExecutor over a fake EnginePort: what counts as verified, and what a failure says."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from warmer.core.errors import EngineUnavailable
+from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, ModelProfile, Prefix
+from warmer.service.warming import WarmExecutor
+
+BOX = BoxSpec(id="b", base_url="http://b:1", engine=EngineKind.SGLANG, model="m")
+DENSE = ModelProfile(name="m", engine=EngineKind.SGLANG)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        self.t += 0.5
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeEngine:
+    """Answers warm requests (no suffix) with `warm` and probes (a suffix) with `probe`."""
+
+    def __init__(self, warm: CompletionReport, probe: CompletionReport | Exception) -> None:
+        self.warm, self.probe = warm, probe
+        self.suffixes: list[str] = []
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        self.suffixes.append(suffix)
+        if not suffix:
+            return self.warm
+        if isinstance(self.probe, Exception):
+            raise self.probe
+        return self.probe
+
+    async def health(self, box: BoxSpec) -> bool:
+        return True
+
+    async def epoch(self, box: BoxSpec) -> str:
+        return "e"
+
+    async def complete_prompt(
+        self,
+        box: BoxSpec,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        json_schema: dict[str, object] | None = None,
+    ) -> CompletionReport:
+        raise NotImplementedError
+
+    async def render_chat(
+        self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
+    ) -> str:
+        raise NotImplementedError
+
+    async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
+        raise NotImplementedError
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        raise NotImplementedError
+
+
+def report(prompt: int, cached: int) -> CompletionReport:
+    return CompletionReport(prompt_tokens=prompt, cached_tokens=cached, wall_seconds=0.1)
+
+
+def test_the_engines_own_prefix_count_raises_an_understated_bar() -> None:
+    # The spec says 100 tokens, but the engine counted 300 for the prefix alone: 150 cached is not enough.
+    engine = FakeEngine(warm=report(300, 0), probe=report(310, 150))
+    outcome = asyncio.run(WarmExecutor(engine, FakeClock()).warm_and_verify(BOX, DENSE, Prefix("p", 100)))
+    assert not outcome.verified
+    assert outcome.prefix_tokens == 300
+    assert outcome.reason is not None
+    assert "150 cached of 300" in outcome.reason
+    assert outcome.wall_seconds == 0.5
+
+
+def test_probe_suffixes_are_unique_per_probe() -> None:
+    engine = FakeEngine(warm=report(100, 0), probe=report(110, 100))
+    executor = WarmExecutor(engine, FakeClock())
+    for _ in range(3):
+        assert asyncio.run(executor.warm_and_verify(BOX, DENSE, Prefix("p", 100))).verified
+    probes = [s for s in engine.suffixes if s]
+    assert len(probes) == 3
+    assert len(set(probes)) == 3
+
+
+def test_an_engine_failure_is_a_failed_outcome_naming_it() -> None:
+    engine = FakeEngine(
+        warm=report(100, 0), probe=EngineUnavailable("b", "POST /generate timed out after 60s")
+    )
+    outcome = asyncio.run(WarmExecutor(engine, FakeClock()).warm_and_verify(BOX, DENSE, Prefix("p", 100)))
+    assert not outcome.verified
+    assert outcome.cached_tokens is None
+    assert outcome.requests_sent == 1
+    assert outcome.reason == "engine error: b: POST /generate timed out after 60s"
+
+
+def test_a_prefix_of_unknown_size_is_never_verified() -> None:
+    hybrid = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
+    engine = FakeEngine(warm=report(0, 0), probe=report(50, 50))
+    outcome = asyncio.run(
+        WarmExecutor(engine, FakeClock(), max_rounds_running_state=2).probe(BOX, hybrid, Prefix("p", 0))
+    )
+    assert not outcome.verified
+    assert outcome.reason is not None
+    assert "unknown" in outcome.reason
