@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, FastAPI
 
-from warmer.api import health
+from warmer.api import boxes, health
 from warmer.api.services import ApiServices, Readiness
 
-ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (health.router,)
+ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (health.router, boxes.router)
 
 
 def create_app(services: ApiServices) -> FastAPI:

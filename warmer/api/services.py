@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 import warmer
+from warmer.service.status import StatusQueries
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +33,4 @@ class ApiServices:
     readiness: Callable[[], Awaitable[Readiness]]  # must not raise; answers /readyz
     tokens: tuple[SecretStr, ...] = ()  # bearer tokens for protected routes; empty = open (loopback only)
     version: str = warmer.__version__
+    status: StatusQueries | None = None  # boxes, readiness and routes (GET /v1/boxes..., /v1/routes)

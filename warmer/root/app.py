@@ -27,9 +27,20 @@ from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.ports import StorePort
+from warmer.root.engines import SystemClock, build_engine_dispatcher
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
+from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
 from warmer.root.supervisor import Supervisor
+from warmer.service.reconciler import Reconciler
+from warmer.service.status import (
+    AgentRoutes,
+    BoxView,
+    ReadyView,
+    StatusQueries,
+    StatusService,
+    StatusUnavailable,
+)
 
 # How long /readyz waits for the database to answer before calling it unreachable (seconds).
 READINESS_DB_TIMEOUT_SECONDS = 2.0
@@ -118,9 +129,13 @@ class Daemon:
         self._store: ManagedStore | None = None
         self._server: uvicorn.Server | None = None
         self._log = get_logger(__name__)
+        self.reconciler: Reconciler | None = None  # built once the store is open (a root task)
         self.api: FastAPI = create_app(
             ApiServices(
-                registry=metrics.registry, readiness=self.readiness, tokens=tuple(settings.api.tokens)
+                registry=metrics.registry,
+                readiness=self.readiness,
+                tokens=tuple(settings.api.tokens),
+                status=_DaemonStatus(self),
             )
         )
         self.supervisor = Supervisor(
@@ -128,6 +143,37 @@ class Daemon:
             on_task_failure=lambda name: metrics.root_task_failures.labels(task=name).inc(),
         )
         self.supervisor.add("api", self._serve_api)
+        if self.boxes:  # nothing to reconcile or time without a fleet
+            self.supervisor.add("reconciler", self._run_reconciler)
+            self.supervisor.add("scheduler", self._run_scheduler)
+
+    async def _run_reconciler(self, stopping: asyncio.Event) -> None:
+        """The reconcile loop over this daemon's store, engines and config."""
+        engines = build_engine_dispatcher(self.settings, self.http, boxes=self.boxes, profiles=self.profiles)
+        self.reconciler = Reconciler(
+            engine=engines,
+            store=self.store,
+            clock=SystemClock(),
+            boxes=self.boxes,
+            profiles=self.profiles,
+            agents=self.agents,
+            prefix_source=OfflinePrefixSource(),
+            config=reconciler_config(self.settings),
+            observer=self.metrics.reconcile,
+        )
+        try:
+            await self.reconciler.run(stopping)
+        finally:
+            self.reconciler = None
+
+    async def _run_scheduler(self, stopping: asyncio.Event) -> None:
+        """Timers: a reconcile tick every `interval_seconds`, a health poll every `health_poll_seconds`."""
+
+        def poke() -> None:
+            if self.reconciler is not None:
+                self.reconciler.poke()
+
+        await run_timers(self.settings, poke, stopping)
 
     @property
     def store(self) -> ManagedStore:
@@ -230,6 +276,38 @@ class Daemon:
             await self.http.aclose()
         self._log.info("warmer stopped", exit_code=code, reason=self.supervisor.stop_reason)
         return code
+
+
+class _DaemonStatus:
+    """Status answers while the reconciler runs; 503 (StatusUnavailable) before and after. A daemon
+    without boxes answers with an empty fleet."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def _service(self) -> StatusQueries | None:
+        if not self._daemon.boxes:
+            return None
+        reconciler, store = self._daemon.reconciler, self._daemon._store
+        if reconciler is None or store is None:
+            raise StatusUnavailable("the reconciler is not running (daemon starting or stopping)")
+        return StatusService(reconciler, store)
+
+    async def boxes(self) -> list[BoxView]:
+        service = self._service()
+        return [] if service is None else await service.boxes()
+
+    async def box(self, box_id: str) -> BoxView | None:
+        service = self._service()
+        return None if service is None else await service.box(box_id)
+
+    async def ready(self, box_id: str) -> ReadyView | None:
+        service = self._service()
+        return None if service is None else await service.ready(box_id)
+
+    async def routes(self) -> list[AgentRoutes]:
+        service = self._service()
+        return [] if service is None else await service.routes()
 
 
 def build(

@@ -1,0 +1,509 @@
+"""The reconciler over a fake engine port, a fake clock and a real SqlStore on a temp SQLite file.
+
+The fake engine keeps a per-box prefix cache (a restart empties it and changes the epoch) and logs every
+request, so ordering (restart warm-up before prefixes), coalescing and re-probing are observed from the
+engine's side, the way a real fleet would see them. No sleeping: the loop is stepped with `tick()` and
+`drain()`, or run as a task and driven by the engine's own gates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from warmer.adapters.store import SqlStore, upgrade_database
+from warmer.api import ApiServices, Readiness, create_app
+from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
+from warmer.core.errors import EngineError, NotSupported
+from warmer.core.model import (
+    BoxSpec,
+    CacheStats,
+    CompletionReport,
+    EngineKind,
+    ModelProfile,
+    PhaseName,
+    Prefix,
+    RestartRecipe,
+    WarmState,
+)
+from warmer.core.placement import PlacementConfig
+from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.service.reconciler import (
+    ComputedPrefix,
+    Reconciler,
+    ReconcilerConfig,
+    UnknownAgent,
+)
+from warmer.service.restart import RestartWarmup, burst_levels
+from warmer.service.status import StatusService
+
+PREFIX_TOKENS = 500
+PROFILE = ModelProfile(
+    name="m",
+    engine=EngineKind.LLAMACPP,
+    slots=2,
+    context_length=1024,
+    keepalive_seconds=240.0,
+    restart=RestartRecipe(burst_levels=(1, 4), long_prefill_margin_tokens=64),
+)
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class FakeBox:
+    healthy: bool = True
+    generation: int = 0
+    cache: set[tuple[int, ...]] = field(default_factory=set)
+
+
+class FakeEngine:
+    """Per-box prefix caches and a request log. `gate` (when set) holds every warm/probe request."""
+
+    def __init__(self, box_ids: Sequence[str], *, space_tokens: int = 1) -> None:
+        self.boxes = {box_id: FakeBox() for box_id in box_ids}
+        self.log: list[tuple[str, str, str]] = []  # (box, kind, detail)
+        self.prompts: list[tuple[str, str, dict[str, object] | None, float]] = []
+        self.in_flight_prompts = 0
+        self.max_in_flight_prompts = 0
+        self.gate: asyncio.Event | None = None
+        self.fail_constrained = False
+        self.space_tokens = space_tokens
+
+    def restart(self, box_id: str) -> None:
+        box = self.boxes[box_id]
+        box.generation += 1
+        box.cache.clear()
+
+    def warms(self, box_id: str | None = None) -> list[tuple[str, str, str]]:
+        return [e for e in self.log if e[1] == "warm" and (box_id is None or e[0] == box_id)]
+
+    def probes(self, box_id: str | None = None) -> list[tuple[str, str, str]]:
+        return [e for e in self.log if e[1] == "probe" and (box_id is None or e[0] == box_id)]
+
+    async def health(self, box: BoxSpec) -> bool:
+        return self.boxes[box.id].healthy
+
+    async def epoch(self, box: BoxSpec) -> str:
+        return f"gen-{self.boxes[box.id].generation}"
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        if self.gate is not None:
+            await self.gate.wait()
+        kind = "probe" if suffix.startswith("\n#probe") else "warm"
+        self.log.append((box.id, kind, suffix))
+        assert prefix.token_ids is not None
+        cache = self.boxes[box.id].cache
+        hit = prefix.token_ids in cache
+        cache.add(prefix.token_ids)
+        cached = prefix.token_count - 1 if hit else 0  # llama.cpp recomputes the last prompt token
+        return CompletionReport(
+            prompt_tokens=prefix.token_count + len(suffix),
+            cached_tokens=cached,
+            wall_seconds=0.0,
+            engine_seconds=0.001,
+        )
+
+    async def complete_prompt(
+        self,
+        box: BoxSpec,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        json_schema: dict[str, object] | None = None,
+    ) -> CompletionReport:
+        self.log.append((box.id, "prompt", prompt[:20]))
+        self.prompts.append((box.id, prompt, json_schema, temperature))
+        if json_schema is not None and self.fail_constrained:
+            raise EngineError(box.id, "grammar backend crashed")
+        self.in_flight_prompts += 1
+        self.max_in_flight_prompts = max(self.max_in_flight_prompts, self.in_flight_prompts)
+        await asyncio.sleep(0)  # let a concurrent burst overlap
+        self.in_flight_prompts -= 1
+        tokens = len(await self.tokenize(box, prompt))
+        return CompletionReport(prompt_tokens=tokens, cached_tokens=0, wall_seconds=0.0, engine_seconds=0.01)
+
+    async def render_chat(
+        self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
+    ) -> str:
+        raise NotSupported(box.id, "fake")
+
+    async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
+        # BOS + one token per char, a space costs `space_tokens` (the SPM byte vocabulary spends 3).
+        return [1] + [0] * (len(text) + text.count(" ") * (self.space_tokens - 1))
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        raise NotSupported(box.id, "fake")
+
+
+def agent(agent_id: str) -> AgentSpec:
+    return AgentSpec(
+        id=agent_id,
+        model="m",
+        blocks=(StaticBlock("persona", f"You are {agent_id}."),),
+        tail=DynamicTail("Customer: {customer_name}"),
+        placeholders=(Placeholder("customer_name", "name"),),
+    )
+
+
+class FakePrefixSource:
+    """A distinct prefix per agent, PREFIX_TOKENS long, as token ids (what the offline source yields)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix:
+        self.calls.append(spec.id)
+        seed = sum(map(ord, spec.id))
+        ids = tuple([1] + [(seed + i) % 250 + 3 for i in range(PREFIX_TOKENS - 1)])
+        return ComputedPrefix(
+            Prefix(text=f"prefix of {spec.id}", token_count=len(ids), token_ids=ids), "fake"
+        )
+
+
+def boxes(*box_ids: str) -> list[BoxSpec]:
+    return [
+        BoxSpec(id=b, base_url=f"http://{b}:8080", engine=EngineKind.LLAMACPP, model="m", slots=2)
+        for b in box_ids
+    ]
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    url = f"sqlite:///{tmp_path / 'warmer.db'}"
+    upgrade_database(url)
+    return url
+
+
+@dataclass
+class World:
+    reconciler: Reconciler
+    engine: FakeEngine
+    store: SqlStore
+    clock: FakeClock
+    source: FakePrefixSource
+
+
+def world(
+    store_url: str,
+    box_ids: Sequence[str] = ("b1", "b2"),
+    agents: Sequence[str] = ("sales",),
+    *,
+    planner: PlannerConfig | None = None,
+    engine: FakeEngine | None = None,
+    clock: FakeClock | None = None,
+    min_group: int = 2,
+) -> World:
+    engine = engine or FakeEngine(box_ids)
+    clock = clock or FakeClock()
+    store = SqlStore.from_url(store_url)
+    source = FakePrefixSource()
+    reconciler = Reconciler(
+        engine=engine,
+        store=store,
+        clock=clock,
+        boxes=boxes(*box_ids),
+        profiles={"m": PROFILE},
+        agents={a: agent(a) for a in agents},
+        prefix_source=source,
+        config=ReconcilerConfig(
+            planner=planner or PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
+            placement=PlacementConfig(min_group_size=min_group),
+        ),
+    )
+    return World(reconciler, engine, store, clock, source)
+
+
+async def settle(reconciler: Reconciler, rounds: int = 10) -> None:
+    """Tick and let every started action finish, a bounded number of times."""
+    for _ in range(rounds):
+        await reconciler.tick()
+        await reconciler.drain()
+    await reconciler.tick()
+
+
+def route_boxes(reconciler: Reconciler, agent_id: str) -> list[str]:
+    return [route.box_id for route in reconciler.snapshot().routes().get(agent_id, ())]
+
+
+def test_restart_warmup_runs_before_prefixes_and_the_box_becomes_ready(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url)
+        await w.reconciler.tick()
+        assert route_boxes(w.reconciler, "sales") == []  # nothing is warm before the first tick's work
+        await settle(w.reconciler)
+
+        for box_id in ("b1", "b2"):
+            kinds = [kind for b, kind, _ in w.engine.log if b == box_id]
+            first_prefix = kinds.index("warm")
+            assert set(kinds[:first_prefix]) == {"prompt"}  # the whole recipe before any prefix request
+            assert "prompt" not in kinds[first_prefix:]
+            phases = await w.store.list_phases(box_id, "gen-0")
+            assert [p.phase for p in phases] == [
+                PhaseName.SAMPLED,
+                PhaseName.CONSTRAINED,
+                PhaseName.BURST,
+                PhaseName.LONG_PREFILL,
+                PhaseName.PREFIXES,
+            ]
+            assert all(p.ok for p in phases)
+            assert phases[-1].finished_at is not None  # PREFIXES ends when the box is ready
+            ready = w.reconciler.snapshot().live[box_id].ready_report
+            assert ready is not None
+            assert ready.epoch == "gen-0"
+            assert ready.engine_seconds > 0
+
+        prompts = [(p, schema, temp) for b, p, schema, temp in w.engine.prompts if b == "b1"]
+        assert prompts[0][2] > 0  # sampled
+        assert prompts[1][1] == dict(PROFILE.restart.constrained.json_schema)  # type: ignore[union-attr]
+        long_tokens = len(await w.engine.tokenize(boxes("b1")[0], prompts[-1][0]))
+        assert PROFILE.context_length - 64 >= long_tokens >= 0.97 * (PROFILE.context_length - 64)
+        assert w.engine.max_in_flight_prompts >= 2  # the burst reached the slot count concurrently
+
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        records = await w.store.list_warm()
+        assert {(r.box_id, r.state) for r in records} == {("b1", WarmState.WARM), ("b2", WarmState.WARM)}
+        history = [e for e in await w.store.events(limit=500) if e.kind == "warm_transition"]
+        assert [(e.detail["from"], e.detail["to"]) for e in reversed(history) if e.box_id == "b1"] == [
+            (None, "warming"),
+            ("warming", "warm"),
+        ]
+        assert any(e.kind == "box_ready" for e in await w.store.events(limit=500))
+        assert w.source.calls == ["sales"]  # computed once per spec version
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_new_epoch_drops_the_box_from_routes_at_once_then_it_is_rewarmed(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url)
+        await settle(w.reconciler)
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+
+        w.engine.restart("b1")
+        await w.reconciler.tick()  # one observation is enough: no warm needs to finish first
+        assert route_boxes(w.reconciler, "sales") == ["b2"]
+        assert await w.store.list_warm(box_id="b1", epoch="gen-0") == []  # died with the process
+        status = StatusService(w.reconciler, w.store)
+        ready = await status.ready("b1")
+        assert ready is not None
+        assert not ready.ready
+
+        await settle(w.reconciler)
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        phases = await w.store.list_phases("b1", "gen-1")
+        assert next(p.phase for p in phases) is PhaseName.SAMPLED
+        assert all(p.ok for p in phases)
+        epochs = [e for e in await w.store.events(box_id="b1", limit=500) if e.kind == "epoch_changed"]
+        assert [e.epoch for e in reversed(epochs)] == ["gen-0", "gen-1"]
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unhealthy_box_leaves_routes_on_the_next_observation(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url)
+        await settle(w.reconciler)
+        w.engine.boxes["b2"].healthy = False
+        await w.reconciler.tick()
+        assert route_boxes(w.reconciler, "sales") == ["b1"]
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_pre_call_asks_for_one_prefix_send_one_warm_per_box(store_url: str) -> None:
+    async def scenario() -> None:
+        # Idle agents are not kept warm: only the pre-call asks make the prefix wanted.
+        w = world(store_url, planner=PlannerConfig(retire_idle_after_seconds=1.0))
+        await settle(w.reconciler)  # warm-ups done; the agent, new, was warmed once
+        w.clock.t += 3600.0
+        await settle(w.reconciler)  # idle now: released everywhere
+        assert route_boxes(w.reconciler, "sales") == []
+        w.engine.restart("b1")
+        w.engine.restart("b2")  # cold caches, new epochs: the prefix must really be sent again
+        await settle(w.reconciler)
+        sent_before = len(w.engine.warms())
+
+        w.engine.gate = asyncio.Event()
+        stopping = asyncio.Event()
+        loop_task = asyncio.create_task(w.reconciler.run(stopping))
+        asks = [asyncio.create_task(w.reconciler.ensure_warm("sales", wait_seconds=30.0)) for _ in range(6)]
+        for _ in range(50):
+            await asyncio.sleep(0)
+        w.engine.gate.set()
+        results = await asyncio.gather(*asks)
+        stopping.set()
+        await loop_task
+
+        assert {r.routed for r in results} == {True}
+        assert len({r.box_id for r in results}) == 1  # everyone is sent to the same warm box
+        new = w.engine.warms()[sent_before:]
+        assert 1 <= len(new) <= 2  # six asks: at most one warm per (box, prefix) of the group
+        assert len({box_id for box_id, _, _ in new}) == len(new)
+        with pytest.raises(UnknownAgent):
+            await w.reconciler.ensure_warm("nobody")
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_resume_reprobes_records_verified_before_the_daemon_started(store_url: str) -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        first = world(store_url, box_ids=("b1",), clock=clock, min_group=1)
+        await settle(first.reconciler)
+        assert route_boxes(first.reconciler, "sales") == ["b1"]
+        await first.store.close()
+
+        # The daemon restarts; the engine kept running (same epoch, prefix still cached).
+        clock.t += 60.0
+        second = world(store_url, box_ids=("b1",), engine=first.engine, clock=clock, min_group=1)
+        sent_before = len(first.engine.log)
+        await second.reconciler.tick()
+        assert route_boxes(second.reconciler, "sales") == []  # not trusted blindly
+        (view,) = await StatusService(second.reconciler, second.store).boxes()
+        assert [(p.state, p.trusted) for p in view.prefixes] == [("warm", False)]
+        await settle(second.reconciler)
+        assert route_boxes(second.reconciler, "sales") == ["b1"]
+        new = first.engine.log[sent_before:]
+        assert [kind for _, kind, _ in new] == ["probe"]  # no warm-up rerun, no re-warm: one probe
+        reasons = [
+            e.detail.get("reason") for e in await second.store.events(limit=50) if e.kind == "warm_transition"
+        ]
+        assert any("untrusted" in str(r) and "saw the hit" in str(r) for r in reasons)
+        await second.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_keepalive_touches_a_warm_prefix_when_due_and_it_stays_routed(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(
+            store_url, box_ids=("b1",), planner=PlannerConfig(retire_idle_after_seconds=None), min_group=1
+        )
+        await settle(w.reconciler)
+        (before,) = await w.store.list_warm()
+        w.clock.t += 100.0
+        await settle(w.reconciler)
+        assert await w.store.list_warm() == [before]  # not due: no touch
+        w.clock.t += PROFILE.keepalive_seconds
+        await w.reconciler.tick()
+        assert route_boxes(w.reconciler, "sales") == ["b1"]  # stale is still serving
+        await settle(w.reconciler)
+        (after,) = await w.store.list_warm()
+        assert after.state is WarmState.WARM
+        assert after.verified_at == w.clock.t
+        assert after.warmed_at == before.warmed_at  # one continuous warm stretch: no ramp restart
+        reasons = [e.detail["reason"] for e in await w.store.events(limit=50) if e.kind == "warm_transition"]
+        assert "keepalive due" in reasons
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_restart_phase_is_recorded_with_its_reason_and_blocks_prefixes(store_url: str) -> None:
+    async def scenario() -> None:
+        engine = FakeEngine(["b1", "b2"])
+        engine.fail_constrained = True
+        w = world(store_url, engine=engine)
+        await settle(w.reconciler)
+        assert engine.warms() == []
+        phases = await w.store.list_phases("b1", "gen-0")
+        assert [(p.phase, p.ok) for p in phases] == [
+            (PhaseName.SAMPLED, True),
+            (PhaseName.CONSTRAINED, False),
+        ]
+        assert phases[1].error is not None
+        assert "grammar backend crashed" in phases[1].error
+        status = StatusService(w.reconciler, w.store)
+        ready = await status.ready("b1")
+        assert ready is not None
+        assert not ready.ready
+        assert "restart warm-up failed" in ready.reasons
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_box_and_route_endpoints(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url)
+        status = StatusService(w.reconciler, w.store)
+
+        async def ok() -> Readiness:
+            return Readiness(True)
+
+        app = create_app(ApiServices(registry=CollectorRegistry(), readiness=ok, status=status))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+            await w.reconciler.tick()
+            not_ready = await client.get("/v1/boxes/b1/ready")
+            assert not_ready.status_code == 503
+            assert not_ready.json()["reasons"] == ["restart warm-up running"]
+            await settle(w.reconciler)
+            ready = await client.get("/v1/boxes/b1/ready")
+            assert ready.status_code == 200
+            assert ready.json()["ready"] is True
+            assert 0 < ready.json()["weight"] <= 1
+            assert (await client.get("/v1/boxes/nope")).status_code == 404
+            assert (await client.get("/v1/boxes/nope/ready")).status_code == 404
+            box = (await client.get("/v1/boxes/b1")).json()
+            assert box["epoch"] == "gen-0"
+            assert box["warmup"] == "done"
+            assert [p["phase"] for p in box["phases"]][-1] == "prefixes"
+            assert [(p["agents"], p["state"]) for p in box["prefixes"]] == [(["sales"], "warm")]
+            assert box["time_to_ready"]["engine_seconds"] > 0
+            listed = (await client.get("/v1/boxes")).json()["boxes"]
+            assert [b["id"] for b in listed] == ["b1", "b2"]
+            routes = (await client.get("/v1/routes")).json()["routes"]
+            assert sorted(r["box_id"] for r in routes["sales"]["routes"]) == ["b1", "b2"]
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_long_prefill_prompt_is_sized_with_the_engine_tokenizer_and_never_exceeds_it(store_url: str) -> None:
+    async def scenario() -> None:
+        store = SqlStore.from_url(store_url)
+        (box,) = boxes("b1")
+        for space_tokens in (1, 3):
+            engine = FakeEngine(["b1"], space_tokens=space_tokens)
+            runner = RestartWarmup(engine, store, FakeClock())
+            prompt = await runner.long_prompt(box, 4000)
+            tokens = len(await engine.tokenize(box, prompt))
+            assert 0.97 * 4000 <= tokens <= 4000
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_burst_levels_rise_to_the_slot_count() -> None:
+    recipe = RestartRecipe(burst_levels=(1, 4, 16))
+    assert burst_levels(recipe, 2) == (1, 2)
+    assert burst_levels(recipe, 8) == (1, 4, 8)
+    assert burst_levels(recipe, 32) == (1, 4, 16, 32)
+    assert burst_levels(RestartRecipe(burst_levels=()), 4) == ()

@@ -1,0 +1,94 @@
+"""Wiring of the reconciler: settings -> planner config, the offline prefix source, metrics, and timers.
+
+APScheduler (3.x) lives here and only here: it owns the periodic wake-ups (reconcile tick, health poll);
+the reconciler itself only reacts to `poke()`. Jobs are coroutine functions so they run on the event loop
+(AsyncIOScheduler runs plain functions in a thread pool, where touching an asyncio.Event is unsafe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+from warmer.config.settings import Settings
+from warmer.config.tokenizer import offline_renderer, offline_tokenizer
+from warmer.core.agents import AgentSpec
+from warmer.core.model import ModelProfile
+from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
+from warmer.service.reconciler import ComputedPrefix, ReconcilerConfig
+
+# Smallest uncached-token bucket per box: one long prefix must fit from a full bucket without debt.
+MIN_BURST_TOKENS = 20000.0
+
+
+def reconciler_config(settings: Settings) -> ReconcilerConfig:
+    """The planner's knobs from `[reconcile]`."""
+    loop = settings.reconcile
+    rate = float(loop.warm_budget_tokens_per_second)
+    return ReconcilerConfig(
+        planner=PlannerConfig(
+            budget=WarmBudget(
+                max_concurrent=loop.max_concurrent_warms_per_box,
+                tokens_per_second=rate,
+                burst_tokens=max(MIN_BURST_TOKENS, 4 * rate),
+            ),
+            keepalive_jitter=loop.keepalive_jitter_fraction,
+            ramp_seconds=loop.ramp_seconds,
+            ramp_initial_weight=loop.initial_ramp_weight,
+        )
+    )
+
+
+class OfflinePrefixSource:
+    """Stable prefixes from the model profile's chat template and tokenizer file, as `warmer render`
+    computes them. The work is CPU-bound (render + tokenize a few samples), so it runs in a thread."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, tuple[RenderFn, TokenizeFn]] = {}
+
+    def _tools_for(self, profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
+        tools = self._tools.get(profile.name)
+        if tools is None:
+            tools = self._tools[profile.name] = (offline_renderer(profile), offline_tokenizer(profile))
+        return tools
+
+    async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix:
+        render, tokenize = self._tools_for(profile)
+        stable = await asyncio.to_thread(compute_stable_prefix, spec, render, tokenize)
+        tokenizer = Path(profile.tokenizer_file or "").name
+        return ComputedPrefix(prefix=stable.as_prefix(), engine_version=f"offline:{profile.name}:{tokenizer}")
+
+
+async def run_timers(settings: Settings, poke: Callable[[], None], stopping: asyncio.Event) -> None:
+    """The `scheduler` root task: wake the reconciler every interval and every health poll."""
+
+    async def wake() -> None:
+        poke()
+
+    scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop(), timezone="UTC")
+    common = {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
+    scheduler.add_job(
+        wake,
+        "interval",
+        seconds=settings.reconcile.interval_seconds,
+        id="reconcile",
+        name="reconcile tick",
+        **common,
+    )
+    scheduler.add_job(
+        wake,
+        "interval",
+        seconds=settings.reconcile.health_poll_seconds,
+        id="health-poll",
+        name="health poll",
+        **common,
+    )
+    scheduler.start()
+    try:
+        await stopping.wait()
+    finally:
+        scheduler.shutdown(wait=False)

@@ -1,0 +1,926 @@
+"""The reconciler: a level-triggered loop that makes the engines hold what should be warm.
+
+Every tick (on a timer from the root, or early on `poke()`):
+1. poll health and epoch of every box, concurrently and bounded; a new epoch is written to the store (its
+   older warm records are dropped: they died with the process) and the box leaves every route at once;
+2. compute each agent's stable prefix once per spec version (recorded in the store);
+3. build Desired (placement with move-before-switch handover) and Observed (store rows, warm-ups, the
+   in-flight set, token buckets), call the pure `plan`, and carry the actions out: engine traffic as tasks
+   bounded per box, every warm-state transition written with a reason so the database holds the history;
+4. note boxes that became ready: time from health up to ready next to the engine time it took.
+
+A missed event or a restart of the daemon only delays a fix by one tick: nothing here is edge-triggered
+except the wake-up. On start, records verified before the daemon started are re-probed, not trusted.
+Coalescing: one warm per (box, prefix) at a time; `ensure_warm` callers await the same in-flight future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+import structlog
+
+from warmer.core.agents import AgentSpec
+from warmer.core.errors import WarmerError
+from warmer.core.model import (
+    BoxSpec,
+    Campaign,
+    LoggedEvent,
+    ModelProfile,
+    PhaseName,
+    PhaseRecord,
+    Prefix,
+    WarmRecord,
+    WarmState,
+)
+from warmer.core.placement import AgentDemand, PlacementConfig, handover, place
+from warmer.core.planner import (
+    AbandonWarm,
+    Action,
+    BoxObservation,
+    Desired,
+    MarkStale,
+    Observed,
+    PlannerConfig,
+    PrefixRef,
+    ProbePrefix,
+    Retire,
+    Route,
+    RunRestartWarmup,
+    TokenBucket,
+    WarmKey,
+    WarmPrefix,
+    WarmupStatus,
+    box_ready,
+    plan,
+    refill,
+    routes,
+)
+from warmer.core.warmstate import (
+    IllegalTransition,
+    KeepaliveDue,
+    ProbeCold,
+    ProbeWarm,
+    Released,
+    WarmEvent,
+    WarmFailed,
+    WarmStarted,
+    WarmVerified,
+    is_serving,
+    new_record,
+    retry_at,
+    transition,
+)
+from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.restart import RestartOutcome, RestartWarmup
+from warmer.service.warming import WarmExecutor, WarmOutcome
+
+EVENT_BOX_READY = "box_ready"
+EVENT_BOX_UNHEALTHY = "box_unhealthy"
+EVENT_BOX_HEALTHY = "box_healthy"
+EVENT_RESTART_WARMUP = "restart_warmup"
+
+
+class UnknownAgent(WarmerError):
+    """A pre-call ask named an agent the config does not define."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"agent_id: unknown agent {agent_id!r}")
+        self.agent_id = agent_id
+
+
+@dataclass(frozen=True, slots=True)
+class ComputedPrefix:
+    """An agent's stable prefix and what computed it (recorded as the prefix's engine version)."""
+
+    prefix: Prefix
+    engine_version: str
+
+
+class PrefixSource(Protocol):
+    """Computes an agent's stable prefix for its model (offline template+tokenizer, or the engine's)."""
+
+    async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix: ...
+
+
+class ReconcileObserver(Protocol):
+    """Where the reconciler reports what metrics count (the root implements it with Prometheus)."""
+
+    def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
+        """`kind` is warm or probe; `outcome` verified, failed or cold."""
+        ...
+
+    def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None: ...
+
+    def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None: ...
+
+    def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None: ...
+
+
+class NullObserver:
+    """Reports nowhere (unit tests, one-off tools)."""
+
+    def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None:
+        return None
+
+    def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None:
+        return None
+
+    def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerConfig:
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    health_concurrency: int = 32  # boxes polled at once
+    precall_hold_seconds: float = 60.0  # a pre-call ask keeps the agent at top priority this long
+
+    def __post_init__(self) -> None:
+        if self.health_concurrency < 1:
+            raise ValueError("health_concurrency must be >= 1")
+        if self.precall_hold_seconds <= 0:
+            raise ValueError("precall_hold_seconds must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyReport:
+    """How one box's epoch got ready: daemon-measured wall time next to the engine's own time."""
+
+    box_id: str
+    epoch: str
+    at: float  # unix seconds when it became ready
+    time_to_ready_seconds: float  # from health first seen up in this epoch to ready
+    warmup_engine_seconds: float  # restart warm-up, critical path
+    prefix_engine_seconds: float  # prefix warms and verifications
+    warmup_wall_seconds: float
+
+    @property
+    def engine_seconds(self) -> float:
+        return self.warmup_engine_seconds + self.prefix_engine_seconds
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of the time to ready not spent inside the engine (polls, HTTP, database, scheduling)."""
+        if self.time_to_ready_seconds <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.engine_seconds / self.time_to_ready_seconds)
+
+
+@dataclass(slots=True)
+class BoxLive:
+    """What the reconciler knows about one box right now (memory; the store has the durable part)."""
+
+    healthy: bool = False
+    epoch: str | None = None
+    health_error: str | None = None
+    healthy_since: float | None = None  # unix seconds: health first seen up in this epoch
+    healthy_since_mono: float | None = None
+    warmup: WarmupStatus = WarmupStatus.NOT_STARTED
+    warmup_finished_at: float | None = None
+    warmup_error: str | None = None
+    warmup_engine_seconds: float = 0.0
+    warmup_wall_seconds: float = 0.0
+    prefix_engine_seconds: float = 0.0
+    prefix_requests: int = 0
+    prefixes_started_at: float | None = None
+    ready_report: ReadyReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnsureResult:
+    """The answer to a pre-call ask: the box to use and its warm state for the agent's prefix."""
+
+    agent_id: str
+    box_id: str | None
+    state: WarmState | None
+    routed: bool  # the box is in the agent's route: verified warm there
+    prefix_hash: str | None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A consistent view for status/readiness/routes answers."""
+
+    now: float
+    boxes: Mapping[str, BoxSpec]
+    live: Mapping[str, BoxLive]
+    desired: Desired | None
+    observed: Observed  # untrusted records left out: they do not count as warm until re-probed
+    records: Mapping[WarmKey, WarmRecord]  # every record of the current epochs, trusted or not
+    prefixes: Mapping[str, ComputedPrefix]
+    prefix_errors: Mapping[str, str]
+    config: PlannerConfig
+
+    def routes(self) -> dict[str, tuple[Route, ...]]:
+        if self.desired is None:
+            return {}
+        return routes(self.desired, self.observed, self.now, self.config)
+
+
+_Waiter = asyncio.Future[WarmRecord | None]
+
+
+class Reconciler:
+    """Keeps the fleet's caches matching the plan. `run(stopping)` is the root task; `poke()` wakes it."""
+
+    def __init__(
+        self,
+        *,
+        engine: EnginePort,
+        store: StorePort,
+        clock: Clock,
+        boxes: Sequence[BoxSpec],
+        profiles: Mapping[str, ModelProfile],
+        agents: Mapping[str, AgentSpec],
+        prefix_source: PrefixSource,
+        config: ReconcilerConfig | None = None,
+        executor: WarmExecutor | None = None,
+        restart: RestartWarmup | None = None,
+        observer: ReconcileObserver | None = None,
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._clock = clock
+        self._boxes = {box.id: box for box in boxes}
+        self._profiles = dict(profiles)
+        self._agents = dict(agents)
+        self._prefix_source = prefix_source
+        self._config = config or ReconcilerConfig()
+        self._executor = executor or WarmExecutor(engine, clock)
+        self._restart = restart or RestartWarmup(engine, store, clock)
+        self._observer: ReconcileObserver = observer or NullObserver()
+        self._log = structlog.stdlib.get_logger(__name__)
+
+        self._live: dict[str, BoxLive] = {box_id: BoxLive() for box_id in self._boxes}
+        self._records: dict[WarmKey, WarmRecord] = {}
+        self._prefixes: dict[str, ComputedPrefix] = {}
+        self._prefix_specs: dict[str, str] = {}  # agent -> spec hash its prefix was computed from
+        self._prefix_errors: dict[str, str] = {}
+        self._activity: dict[str, float] = {}
+        self._precall: dict[str, float] = {}  # agent -> hold until (unix seconds)
+        self._buckets: dict[str, TokenBucket] = {}
+        self._in_flight: dict[tuple[str, str], _Waiter] = {}
+        self._box_slots: dict[str, asyncio.Semaphore] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._routing: dict[str, tuple[str, ...]] = {}
+        self._placement_key: object = None
+        self._placement: Mapping[str, tuple[str, ...]] = {}
+        self._desired: Desired | None = None
+        self._trusted_after = 0.0
+        self._started = False
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._ticks = 0
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    @property
+    def ticks(self) -> int:
+        return self._ticks
+
+    async def start(self) -> None:
+        """Register the fleet in the store; from now on, older verifications are re-probed before use."""
+        if self._started:
+            return
+        await self._store.sync_boxes(list(self._boxes.values()))
+        self._trusted_after = self._clock.now()
+        self._started = True
+
+    def poke(self) -> None:
+        """Wake the loop for a tick as soon as it is free (several pokes coalesce into one tick)."""
+        self._wake.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """The root task: tick on every poke until `stopping` is set; in-flight work is then cancelled."""
+        await self.start()
+        stop_waiter = asyncio.ensure_future(stopping.wait())
+        try:
+            while not stopping.is_set():
+                self._wake.clear()
+                await self.tick()
+                wake_waiter = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({wake_waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                wake_waiter.cancel()
+        finally:
+            stop_waiter.cancel()
+            await self.close()
+
+    async def close(self) -> None:
+        """Cancel work in flight (a `warming` row left behind is abandoned by the next daemon's planner)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for waiter in self._in_flight.values():
+            if not waiter.done():
+                waiter.set_result(None)
+        self._in_flight.clear()
+
+    async def drain(self) -> None:
+        """Wait until no action task is running (tests and benchmarks step the loop with this)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # ----------------------------------------------------------------------------------------------- tick
+
+    async def tick(self) -> None:
+        """One level-triggered pass: observe, plan, act (engine work continues as tasks)."""
+        await self.start()
+        now = self._clock.now()
+        await self._poll_boxes(now)
+        await self._refresh_prefixes(now)
+        await self._refresh_records()
+        campaigns = await self._store.list_campaigns()
+        desired = self._build_desired(now, campaigns)
+        self._desired = desired
+        result = plan(desired, self._observed(for_routes=False), now, self._config.planner)
+        self._buckets = dict(result.buckets)
+        await self._dispatch(result.actions)
+        await self._note_readiness()
+        self._ticks += 1
+        self._notify_changed()
+
+    def _notify_changed(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # ----------------------------------------------------------------------------------------- observing
+
+    async def _poll_boxes(self, now: float) -> None:
+        limit = asyncio.Semaphore(self._config.health_concurrency)
+
+        async def poll(box: BoxSpec) -> tuple[bool, str | None, str | None]:
+            async with limit:
+                try:
+                    if not await self._engine.health(box):
+                        return False, None, "health check failed"
+                    return True, await self._engine.epoch(box), None
+                except WarmerError as exc:
+                    return False, None, str(exc)
+
+        boxes = list(self._boxes.values())
+        results = await asyncio.gather(*(poll(box) for box in boxes))
+        for box, (healthy, epoch, error) in zip(boxes, results, strict=True):
+            await self._apply_health(box, healthy, epoch, error, now)
+
+    async def _apply_health(
+        self, box: BoxSpec, healthy: bool, epoch: str | None, error: str | None, now: float
+    ) -> None:
+        live = self._live[box.id]
+        if not healthy or epoch is None:
+            if live.healthy:
+                self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
+                await self._store.append_event(
+                    LoggedEvent(
+                        at=now,
+                        kind=EVENT_BOX_UNHEALTHY,
+                        box_id=box.id,
+                        epoch=live.epoch,
+                        detail={"error": error},
+                    )
+                )
+            live.healthy, live.health_error = False, error
+            return
+        changed = await self._store.record_epoch(box.id, epoch, now)
+        if epoch != live.epoch:
+            dropped = await self._store.drop_other_epochs(box.id, epoch)
+            self._records = {k: r for k, r in self._records.items() if k[0] != box.id or k[1] == epoch}
+            self._log.info(
+                "box epoch",
+                box=box.id,
+                epoch=epoch,
+                previous=live.epoch,
+                new=changed,
+                dropped_records=dropped,
+            )
+            fresh = BoxLive(
+                healthy=True, epoch=epoch, healthy_since=now, healthy_since_mono=self._clock.monotonic()
+            )
+            await self._resume_warmup(box.id, epoch, fresh)
+            self._live[box.id] = fresh
+            return
+        if not live.healthy:
+            await self._store.append_event(
+                LoggedEvent(at=now, kind=EVENT_BOX_HEALTHY, box_id=box.id, epoch=epoch)
+            )
+        live.healthy, live.health_error = True, None
+
+    async def _resume_warmup(self, box_id: str, epoch: str, live: BoxLive) -> None:
+        """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
+        counts as done only when its PREFIXES phase was reached; a failed phase waits for its retry."""
+        phases = await self._store.list_phases(box_id, epoch)
+        failed = [p for p in phases if p.ok is False]
+        if failed:
+            live.warmup = WarmupStatus.FAILED
+            live.warmup_finished_at = max(p.finished_at or p.started_at for p in failed)
+            live.warmup_error = failed[-1].error
+        elif any(p.phase is PhaseName.PREFIXES for p in phases):
+            live.warmup = WarmupStatus.DONE
+            live.warmup_finished_at = max(p.started_at for p in phases if p.phase is PhaseName.PREFIXES)
+
+    async def _refresh_prefixes(self, now: float) -> None:
+        for agent_id, spec in self._agents.items():
+            if self._prefix_specs.get(agent_id) == spec.spec_hash:
+                continue
+            profile = self._profiles.get(spec.model)
+            if profile is None:
+                self._prefix_errors[agent_id] = f"unknown model profile {spec.model!r}"
+                continue
+            try:
+                computed = await self._prefix_source(spec, profile)
+                await self._store.record_prefix(
+                    agent_id, spec.spec_hash, computed.prefix, engine_version=computed.engine_version, at=now
+                )
+            except WarmerError as exc:
+                if self._prefix_errors.get(agent_id) != str(exc):
+                    self._log.error(
+                        "cannot compute the agent's stable prefix", agent=agent_id, error=str(exc)
+                    )
+                self._prefix_errors[agent_id] = str(exc)
+                continue
+            self._prefixes[agent_id] = computed
+            self._prefix_specs[agent_id] = spec.spec_hash
+            self._prefix_errors.pop(agent_id, None)
+            self._activity.setdefault(agent_id, now)  # a new agent is warmed before its first call
+
+    async def _refresh_records(self) -> None:
+        """The store is the truth: reload the current epochs' rows (a replica or an operator may write)."""
+        current = {box_id: live.epoch for box_id, live in self._live.items() if live.epoch is not None}
+        rows = await self._store.list_warm()
+        self._records = {
+            (r.box_id, r.epoch, r.prefix_hash): r for r in rows if current.get(r.box_id) == r.epoch
+        }
+
+    def _build_desired(self, now: float, campaigns: Sequence[Campaign]) -> Desired:
+        refs = {a: PrefixRef(c.prefix.hash, c.prefix.token_count) for a, c in self._prefixes.items()}
+        target = self._place(refs)
+        warm = {(r.box_id, r.prefix_hash) for r in self._trusted_records().values() if is_serving(r)}
+        moving = handover(
+            self._routing,
+            target,
+            {agent: ref.hash for agent, ref in refs.items()},
+            warm,
+            existing=self._boxes.keys(),
+        )
+        self._routing = dict(moving.routing)
+        self._precall = {agent: until for agent, until in self._precall.items() if until > now}
+        return Desired(
+            boxes=self._boxes,
+            profiles=self._profiles,
+            agents=refs,
+            assignment=moving.keep_warm,
+            routing=moving.routing,
+            campaigns=tuple(campaigns),
+            precall=frozenset(self._precall),
+            last_activity=dict(self._activity),
+        )
+
+    def _place(self, refs: Mapping[str, PrefixRef]) -> Mapping[str, tuple[str, ...]]:
+        """Placement is recomputed only when the fleet or a prefix changes (it is stable, but not free)."""
+        key = (tuple(sorted(self._boxes)), tuple(sorted((a, r.hash, r.tokens) for a, r in refs.items())))
+        if key != self._placement_key:
+            demands = [
+                AgentDemand(agent, self._agents[agent].model, ref.tokens, prefix_hash=ref.hash)
+                for agent, ref in sorted(refs.items())
+            ]
+            placement = place(list(self._boxes.values()), demands, self._config.placement)
+            for agent, why in placement.unplaced.items():
+                self._log.warning("agent not placed", agent=agent, reason=str(why))
+            self._placement, self._placement_key = placement.groups, key
+        return self._placement
+
+    def _trusted_records(self) -> dict[WarmKey, WarmRecord]:
+        """Records that count as warm for routing: a verification from before this daemon started does
+        not, until a probe renews it."""
+        return {
+            key: record
+            for key, record in self._records.items()
+            if record.state not in (WarmState.WARM, WarmState.STALE)
+            or (record.verified_at is not None and record.verified_at >= self._trusted_after)
+        }
+
+    def _observed(self, *, for_routes: bool) -> Observed:
+        return Observed(
+            boxes={
+                box_id: BoxObservation(
+                    healthy=live.healthy,
+                    epoch=live.epoch,
+                    warmup=live.warmup,
+                    warmup_finished_at=live.warmup_finished_at,
+                )
+                for box_id, live in self._live.items()
+            },
+            warm=self._trusted_records() if for_routes else dict(self._records),
+            in_flight=frozenset(self._in_flight),
+            buckets=dict(self._buckets),
+            trusted_after=self._trusted_after,
+        )
+
+    # ------------------------------------------------------------------------------------------- acting
+
+    async def _dispatch(self, actions: Sequence[Action]) -> None:
+        for action in actions:
+            if isinstance(action, RunRestartWarmup):
+                self._start_restart(action)
+            elif isinstance(action, MarkStale):
+                await self._apply(
+                    action.box_id, action.epoch, action.prefix_hash, KeepaliveDue(), "keepalive due"
+                )
+            elif isinstance(action, Retire):
+                await self._apply(
+                    action.box_id, action.epoch, action.prefix_hash, Released(action.reason), action.reason
+                )
+            elif isinstance(action, AbandonWarm):
+                await self._apply(
+                    action.box_id, action.epoch, action.prefix_hash, WarmFailed(action.reason), action.reason
+                )
+            elif isinstance(action, WarmPrefix):
+                self._start_engine_work(
+                    action.box_id, action.epoch, action.prefix_hash, str(action.reason), probe=False
+                )
+            elif isinstance(action, ProbePrefix):
+                self._start_engine_work(
+                    action.box_id, action.epoch, action.prefix_hash, str(action.reason), probe=True
+                )
+
+    async def _apply(self, box_id: str, epoch: str, prefix_hash: str, event: WarmEvent, reason: str) -> None:
+        """A bookkeeping transition (no engine request), written with its reason."""
+        key = (box_id, epoch, prefix_hash)
+        record = self._records.get(key)
+        if record is None:
+            return
+        try:
+            updated = transition(record, event, self._clock.now(), self._config.planner.retry)
+        except IllegalTransition as exc:
+            self._log.warning("skipped a transition the record no longer allows", error=str(exc))
+            return
+        await self._store.put_warm(updated, reason=reason, previous=record.state)
+        self._records[key] = updated
+
+    def _spawn(self, work: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(work)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _slots(self, box_id: str) -> asyncio.Semaphore:
+        """The per-box warm budget's concurrency: warms, probes and pre-call warms all pass through it."""
+        semaphore = self._box_slots.get(box_id)
+        if semaphore is None:
+            limit = self._config.planner.budget_for(box_id).max_concurrent
+            semaphore = self._box_slots[box_id] = asyncio.Semaphore(limit)
+        return semaphore
+
+    def _start_restart(self, action: RunRestartWarmup) -> None:
+        live = self._live[action.box_id]
+        live.warmup = WarmupStatus.RUNNING
+        live.warmup_error = None
+        self._spawn(self._restart_task(action), f"restart-warmup:{action.box_id}")
+
+    async def _restart_task(self, action: RunRestartWarmup) -> None:
+        box = self._boxes[action.box_id]
+        profile = self._profiles[box.model]
+        outcome: RestartOutcome | None = None
+        error: str | None = None
+        try:
+            outcome = await self._restart.run(box, profile, action.epoch)
+            error = outcome.error
+        except WarmerError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        now = self._clock.now()
+        live = self._live[action.box_id]
+        try:
+            if live.epoch != action.epoch:
+                return  # the process changed under the warm-up: the new epoch gets its own
+            for phase in outcome.phases if outcome is not None else ():
+                seconds = (phase.finished_at or phase.started_at) - phase.started_at
+                self._observer.phase_finished(box.id, phase.phase.value, bool(phase.ok), seconds)
+            detail: dict[str, object] = {"ok": error is None, "error": error}
+            if outcome is not None:
+                detail |= {
+                    "wall_seconds": round(outcome.wall_seconds, 6),
+                    "engine_seconds": round(outcome.engine_seconds, 6),
+                    "critical_engine_seconds": round(outcome.critical_engine_seconds, 6),
+                }
+            await self._store.append_event(
+                LoggedEvent(
+                    at=now, kind=EVENT_RESTART_WARMUP, box_id=box.id, epoch=action.epoch, detail=detail
+                )
+            )
+            live.warmup_finished_at = now
+            if error is not None or outcome is None:
+                live.warmup, live.warmup_error = WarmupStatus.FAILED, error
+                self._log.warning("restart warm-up failed", box=box.id, epoch=action.epoch, error=error)
+                return
+            live.warmup_engine_seconds = outcome.critical_engine_seconds
+            live.warmup_wall_seconds = outcome.wall_seconds
+            await self._store.put_phase(
+                PhaseRecord(box_id=box.id, epoch=action.epoch, phase=PhaseName.PREFIXES, started_at=now)
+            )
+            live.prefixes_started_at = now
+            live.warmup = WarmupStatus.DONE
+            self._log.info(
+                "restart warm-up done",
+                box=box.id,
+                epoch=action.epoch,
+                wall_seconds=round(outcome.wall_seconds, 3),
+                engine_seconds=round(outcome.critical_engine_seconds, 3),
+            )
+        except WarmerError as exc:
+            live.warmup, live.warmup_error, live.warmup_finished_at = WarmupStatus.FAILED, str(exc), now
+        finally:
+            self.poke()
+
+    def _start_engine_work(
+        self, box_id: str, epoch: str, prefix_hash: str, reason: str, *, probe: bool
+    ) -> _Waiter:
+        """Send one warm (or probe) of (box, prefix) unless one is in flight; return the future to await."""
+        key = (box_id, prefix_hash)
+        waiter = self._in_flight.get(key)
+        if waiter is not None:
+            return waiter
+        waiter = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = waiter
+        work = (
+            self._probe(box_id, epoch, prefix_hash, reason)
+            if probe
+            else self._warm(box_id, epoch, prefix_hash, reason)
+        )
+        self._spawn(
+            self._engine_task(key, waiter, work), f"{'probe' if probe else 'warm'}:{box_id}:{prefix_hash}"
+        )
+        return waiter
+
+    async def _engine_task(
+        self, key: tuple[str, str], waiter: _Waiter, work: Awaitable[WarmRecord | None]
+    ) -> None:
+        result: WarmRecord | None = None
+        try:
+            async with self._slots(key[0]):
+                result = await work
+        except WarmerError as exc:
+            self._log.error(
+                "warm work failed", box=key[0], prefix=key[1], error=f"{type(exc).__name__}: {exc}"
+            )
+        finally:
+            if self._in_flight.get(key) is waiter:
+                del self._in_flight[key]
+            if not waiter.done():
+                waiter.set_result(result)
+            self.poke()
+
+    def _prefix_of(self, prefix_hash: str) -> Prefix | None:
+        for computed in self._prefixes.values():
+            if computed.prefix.hash == prefix_hash:
+                return computed.prefix
+        return None
+
+    async def _warm(self, box_id: str, epoch: str, prefix_hash: str, reason: str) -> WarmRecord | None:
+        box, prefix = self._boxes[box_id], self._prefix_of(prefix_hash)
+        if prefix is None or self._live[box_id].epoch != epoch:
+            return None
+        profile = self._profiles[box.model]
+        key = (box_id, epoch, prefix_hash)
+        now = self._clock.now()
+        record = self._records.get(key)
+        before = (
+            record if record is not None else new_record(box_id, epoch, prefix_hash, prefix.token_count, now)
+        )
+        try:
+            started = transition(before, WarmStarted(), now, self._config.planner.retry)
+        except IllegalTransition:
+            return before  # already warm, warming elsewhere, or failed within its backoff: nothing to send
+        await self._store.put_warm(
+            started, reason=f"warm started: {reason}", previous=record.state if record is not None else None
+        )
+        self._records[key] = started
+        outcome = await self._executor.warm_and_verify(box, profile, prefix)
+        return await self._finish(key, started, outcome, kind="warm", reason=reason)
+
+    async def _probe(self, box_id: str, epoch: str, prefix_hash: str, reason: str) -> WarmRecord | None:
+        box, prefix = self._boxes[box_id], self._prefix_of(prefix_hash)
+        key = (box_id, epoch, prefix_hash)
+        record = self._records.get(key)
+        if prefix is None or record is None or self._live[box_id].epoch != epoch:
+            return None
+        outcome = await self._executor.probe(box, self._profiles[box.model], prefix)
+        return await self._finish(key, record, outcome, kind="probe", reason=reason)
+
+    async def _finish(
+        self, key: WarmKey, record: WarmRecord, outcome: WarmOutcome, *, kind: str, reason: str
+    ) -> WarmRecord | None:
+        box_id, epoch, _ = key
+        live = self._live[box_id]
+        if live.epoch != epoch:
+            self._log.info("epoch changed during a warm: result dropped", box=box_id, epoch=epoch)
+            return None
+        live.prefix_engine_seconds += outcome.engine_seconds or 0.0
+        live.prefix_requests += outcome.requests_sent
+        now = self._clock.now()
+        cached = outcome.cached_tokens if outcome.cached_tokens is not None else 0
+        event: WarmEvent
+        if kind == "warm":
+            if outcome.verified:
+                record = replace(record, prefix_tokens=outcome.prefix_tokens)  # the engine's own count
+                event = WarmVerified(cached, outcome.block_tokens)
+                why = f"verified ({reason}): cached {cached} of {outcome.prefix_tokens} tokens"
+            else:
+                event = WarmFailed(outcome.reason or "not verified")
+                why = f"warm failed ({reason}): {outcome.reason}"
+        elif outcome.verified:
+            event = ProbeWarm(cached, outcome.block_tokens)
+            why = f"probe ({reason}) saw the hit: cached {cached} of {outcome.prefix_tokens} tokens"
+        else:
+            event = ProbeCold(outcome.cached_tokens)
+            why = f"probe ({reason}) says cold: {outcome.reason}"
+        try:
+            updated = transition(record, event, now, self._config.planner.retry)
+        except IllegalTransition as exc:
+            self._log.warning("warm result no longer applies", error=str(exc))
+            return record
+        await self._store.put_warm(updated, reason=why, previous=record.state)
+        self._records[key] = updated
+        verdict = "verified" if outcome.verified else ("cold" if kind == "probe" else "failed")
+        self._observer.warm_finished(box_id, kind, reason, verdict, outcome.wall_seconds)
+        if not outcome.verified:
+            self._log.warning(f"{kind} not verified", box=box_id, prefix=key[2], reason=outcome.reason)
+        return updated
+
+    # --------------------------------------------------------------------------------------- readiness
+
+    async def _note_readiness(self) -> None:
+        """Record, once per epoch, the moment a box became ready and what that took."""
+        desired = self._desired
+        if desired is None:
+            return
+        now = self._clock.now()
+        observed = self._observed(for_routes=True)
+        ready_boxes = 0
+        for box_id, live in self._live.items():
+            readiness = box_ready(box_id, desired, observed, now, self._config.planner)
+            ready_boxes += readiness.ready
+            if not readiness.ready or live.ready_report is not None or live.epoch is None:
+                continue
+            since_mono = (
+                live.healthy_since_mono if live.healthy_since_mono is not None else self._clock.monotonic()
+            )
+            report = ReadyReport(
+                box_id=box_id,
+                epoch=live.epoch,
+                at=now,
+                time_to_ready_seconds=max(0.0, self._clock.monotonic() - since_mono),
+                warmup_engine_seconds=live.warmup_engine_seconds,
+                prefix_engine_seconds=live.prefix_engine_seconds,
+                warmup_wall_seconds=live.warmup_wall_seconds,
+            )
+            live.ready_report = report
+            await self._store.put_phase(
+                PhaseRecord(
+                    box_id=box_id,
+                    epoch=live.epoch,
+                    phase=PhaseName.PREFIXES,
+                    started_at=live.prefixes_started_at if live.prefixes_started_at is not None else now,
+                    finished_at=now,
+                    engine_seconds=live.prefix_engine_seconds,
+                    requests=live.prefix_requests,
+                    ok=True,
+                )
+            )
+            await self._store.append_event(
+                LoggedEvent(
+                    at=now,
+                    kind=EVENT_BOX_READY,
+                    box_id=box_id,
+                    epoch=live.epoch,
+                    detail={
+                        "time_to_ready_seconds": round(report.time_to_ready_seconds, 6),
+                        "engine_seconds": round(report.engine_seconds, 6),
+                        "warmup_engine_seconds": round(report.warmup_engine_seconds, 6),
+                        "prefix_engine_seconds": round(report.prefix_engine_seconds, 6),
+                        "overhead_fraction": round(report.overhead_fraction, 4),
+                    },
+                )
+            )
+            self._observer.box_ready(box_id, report.time_to_ready_seconds, report.engine_seconds)
+            self._log.info(
+                "box ready",
+                box=box_id,
+                epoch=live.epoch,
+                time_to_ready_seconds=round(report.time_to_ready_seconds, 3),
+                engine_seconds=round(report.engine_seconds, 3),
+                overhead=f"{report.overhead_fraction:.1%}",
+            )
+        warm = sum(1 for r in observed.warm.values() if is_serving(r))
+        self._observer.fleet_state(ready_boxes, warm)
+
+    # ------------------------------------------------------------------------------------------- views
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            now=self._clock.now(),
+            boxes=dict(self._boxes),
+            live={box_id: dataclasses.replace(live) for box_id, live in self._live.items()},
+            desired=self._desired,
+            observed=self._observed(for_routes=True),
+            records=dict(self._records),
+            prefixes=dict(self._prefixes),
+            prefix_errors=dict(self._prefix_errors),
+            config=self._config.planner,
+        )
+
+    def touch(self, agent_id: str) -> None:
+        """Traffic for the agent: keep its prefix warm (idle agents stop being kept warm)."""
+        self._activity[agent_id] = self._clock.now()
+
+    # --------------------------------------------------------------------------------------- pre-call
+
+    async def ensure_warm(self, agent_id: str, wait_seconds: float = 0.0) -> EnsureResult:
+        """The box a call for `agent_id` should use, warming the agent's prefix there if needed.
+
+        Returns at once when a route exists; otherwise starts (or joins: coalesced) the warm on the agent's
+        best box and waits up to `wait_seconds` for it to be verified and routed.
+        """
+        if agent_id not in self._agents:
+            raise UnknownAgent(agent_id)
+        now = self._clock.now()
+        self._activity[agent_id] = now
+        self._precall[agent_id] = now + self._config.precall_hold_seconds
+        deadline = self._clock.monotonic() + max(0.0, wait_seconds)
+        self.poke()
+        while True:
+            result, waiter = self._ensure_step(agent_id)
+            remaining = deadline - self._clock.monotonic()
+            if result.routed or remaining <= 0:
+                return result
+            if waiter is None:  # wake on the next tick or finished action
+                waiter = asyncio.ensure_future(self._changed.wait())
+                owned = True
+            else:
+                owned = False  # a shared in-flight warm: never cancel it
+            done, _ = await asyncio.wait({waiter}, timeout=remaining)
+            if owned:
+                waiter.cancel()
+            if not done:
+                return self._ensure_step(agent_id)[0]
+
+    def _ensure_step(self, agent_id: str) -> tuple[EnsureResult, asyncio.Future[Any] | None]:
+        """One look at the agent: (answer now, what to wait for next; None = the next change)."""
+        computed = self._prefixes.get(agent_id)
+        desired = self._desired
+        if computed is None or desired is None:
+            detail = self._prefix_errors.get(agent_id, "prefix not computed yet")
+            return EnsureResult(agent_id, None, None, False, None, detail), None
+        prefix_hash = computed.prefix.hash
+        now = self._clock.now()
+        found = routes(desired, self._observed(for_routes=True), now, self._config.planner).get(agent_id, ())
+        if found:
+            return EnsureResult(agent_id, found[0].box_id, WarmState.WARM, True, prefix_hash, "warm"), None
+        first: EnsureResult | None = None
+        for box_id in desired.assignment.get(agent_id, ()):
+            live = self._live[box_id]
+            if not live.healthy or live.epoch is None or live.warmup is not WarmupStatus.DONE:
+                continue
+            record = self._records.get((box_id, live.epoch, prefix_hash))
+            state = record.state if record is not None else WarmState.COLD
+            waiting = self._in_flight.get((box_id, prefix_hash))
+            if waiting is not None:
+                return EnsureResult(
+                    agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming"
+                ), waiting
+            if record is not None and is_serving(record):
+                first = first or EnsureResult(
+                    agent_id, box_id, state, False, prefix_hash, "warm, joining the route"
+                )
+                continue
+            if (
+                record is not None
+                and record.state is WarmState.FAILED
+                and now < retry_at(record, self._config.planner.retry)
+            ):
+                first = first or EnsureResult(
+                    agent_id, box_id, state, False, prefix_hash, f"failed: {record.last_error}"
+                )
+                continue
+            if record is not None and record.state is WarmState.WARMING:
+                continue
+            self._charge(box_id, computed.prefix.token_count, now)
+            waiter = self._start_engine_work(box_id, live.epoch, prefix_hash, "precall", probe=False)
+            return EnsureResult(agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming"), waiter
+        none = EnsureResult(agent_id, None, None, False, prefix_hash, "no warmed-up box in its group")
+        return first or none, None
+
+    def _charge(self, box_id: str, tokens: int, now: float) -> None:
+        """A pre-call warm jumps the queue but still pays the box's token budget (others then wait)."""
+        budget = self._config.planner.budget_for(box_id)
+        bucket = refill(self._buckets.get(box_id), budget, now)
+        self._buckets[box_id] = replace(bucket, tokens=bucket.tokens - tokens)

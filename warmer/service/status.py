@@ -1,0 +1,237 @@
+"""Readiness and routing views: what `GET /v1/boxes`, `/v1/boxes/{id}/ready`, `/v1/routes` and
+`warmer status` show.
+
+Answers come from the reconciler's in-memory view (a snapshot, consistent within one answer) plus the
+restart phases from the store. Readiness and routes are the planner's own pure answers (`box_ready`,
+`routes`), so what the API says is exactly what the reconciler acts on. A warm record verified before this
+daemon started is shown but does not count as warm until a probe renews it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from warmer.core.errors import WarmerError
+from warmer.core.model import PhaseRecord, WarmState
+from warmer.core.planner import Route, box_ready, ramp_weight
+from warmer.ports import StorePort
+from warmer.service.reconciler import Reconciler, Snapshot
+
+
+class StatusUnavailable(WarmerError):
+    """The reconciler is not running yet (daemon starting) or any more (stopping): answer 503."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseView:
+    phase: str
+    started_at: float
+    finished_at: float | None
+    wall_seconds: float | None
+    engine_seconds: float | None
+    requests: int
+    ok: bool | None
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixView:
+    prefix_hash: str
+    agents: tuple[str, ...]  # agents on this box whose stable prefix this is
+    state: str  # a WarmState value; "cold" when nothing was ever written
+    trusted: bool  # False: verified before this daemon started, re-probe pending
+    tokens: int
+    verified_cached_tokens: int | None
+    attempts: int
+    warmed_at: float | None
+    verified_at: float | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class TimeToReadyView:
+    """Daemon overhead made visible: wall time from health up to ready next to the engine's own time."""
+
+    at: float
+    time_to_ready_seconds: float
+    engine_seconds: float
+    warmup_engine_seconds: float
+    prefix_engine_seconds: float
+    overhead_fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyView:
+    box_id: str
+    ready: bool
+    reasons: tuple[str, ...]
+    since: float | None
+    weight: float  # ramp weight now (0 when not ready)
+
+
+@dataclass(frozen=True, slots=True)
+class BoxView:
+    id: str
+    base_url: str
+    engine: str
+    model: str
+    slots: int
+    healthy: bool
+    health_error: str | None
+    epoch: str | None
+    warmup: str  # restart warm-up of the current epoch: not_started, running, done, failed
+    warmup_error: str | None
+    ready: ReadyView
+    phases: tuple[PhaseView, ...]
+    prefixes: tuple[PrefixView, ...]
+    time_to_ready: TimeToReadyView | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentRoutes:
+    agent_id: str
+    prefix_hash: str | None
+    prefix_tokens: int | None
+    routes: tuple[Route, ...]  # spill order; only boxes where THIS agent's prefix is verified warm
+    error: str | None = None  # why the agent has no prefix (e.g. its profile cannot render offline)
+
+
+class StatusQueries(Protocol):
+    """What the API and `warmer status` ask; `StatusService` answers, tests may fake it."""
+
+    async def boxes(self) -> list[BoxView]: ...
+
+    async def box(self, box_id: str) -> BoxView | None: ...
+
+    async def ready(self, box_id: str) -> ReadyView | None: ...
+
+    async def routes(self) -> list[AgentRoutes]: ...
+
+
+def readiness_of(snapshot: Snapshot, box_id: str) -> ReadyView:
+    if snapshot.desired is None:
+        return ReadyView(box_id, False, ("starting: no reconcile pass yet",), None, 0.0)
+    answer = box_ready(box_id, snapshot.desired, snapshot.observed, snapshot.now, snapshot.config)
+    weight = ramp_weight(answer.since, snapshot.now, snapshot.config) if answer.since is not None else 0.0
+    return ReadyView(box_id, answer.ready, answer.reasons, answer.since, weight if answer.ready else 0.0)
+
+
+def _phase_view(record: PhaseRecord) -> PhaseView:
+    wall = None if record.finished_at is None else record.finished_at - record.started_at
+    return PhaseView(
+        phase=record.phase.value,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        wall_seconds=wall,
+        engine_seconds=record.engine_seconds,
+        requests=record.requests,
+        ok=record.ok,
+        error=record.error,
+    )
+
+
+def _prefix_views(snapshot: Snapshot, box_id: str, epoch: str | None) -> tuple[PrefixView, ...]:
+    agents_by_hash: dict[str, list[str]] = {}
+    tokens_by_hash: dict[str, int] = {}
+    if snapshot.desired is not None:
+        for agent_id, group in snapshot.desired.assignment.items():
+            ref = snapshot.desired.agents.get(agent_id)
+            if ref is not None and box_id in group:
+                agents_by_hash.setdefault(ref.hash, []).append(agent_id)
+                tokens_by_hash[ref.hash] = ref.tokens
+    records = {k[2]: r for k, r in snapshot.records.items() if k[0] == box_id and k[1] == epoch}
+    views = []
+    for prefix_hash in sorted(set(agents_by_hash) | set(records)):
+        record = records.get(prefix_hash)
+        trusted = record is None or (box_id, record.epoch, prefix_hash) in snapshot.observed.warm
+        views.append(
+            PrefixView(
+                prefix_hash=prefix_hash,
+                agents=tuple(sorted(agents_by_hash.get(prefix_hash, ()))),
+                state=(record.state if record is not None else WarmState.COLD).value,
+                trusted=trusted,
+                tokens=record.prefix_tokens if record is not None else tokens_by_hash.get(prefix_hash, 0),
+                verified_cached_tokens=record.verified_cached_tokens if record is not None else None,
+                attempts=record.attempts if record is not None else 0,
+                warmed_at=record.warmed_at if record is not None else None,
+                verified_at=record.verified_at if record is not None else None,
+                last_error=record.last_error if record is not None else None,
+            )
+        )
+    return tuple(views)
+
+
+class StatusService:
+    """Builds the views from a reconciler snapshot and the store's restart phases."""
+
+    def __init__(self, reconciler: Reconciler, store: StorePort) -> None:
+        self._reconciler = reconciler
+        self._store = store
+
+    async def boxes(self) -> list[BoxView]:
+        snapshot = self._reconciler.snapshot()
+        return [await self._box_view(snapshot, box_id) for box_id in sorted(snapshot.boxes)]
+
+    async def box(self, box_id: str) -> BoxView | None:
+        snapshot = self._reconciler.snapshot()
+        if box_id not in snapshot.boxes:
+            return None
+        return await self._box_view(snapshot, box_id)
+
+    async def ready(self, box_id: str) -> ReadyView | None:
+        snapshot = self._reconciler.snapshot()
+        if box_id not in snapshot.boxes:
+            return None
+        return readiness_of(snapshot, box_id)
+
+    async def routes(self) -> list[AgentRoutes]:
+        snapshot = self._reconciler.snapshot()
+        found = snapshot.routes()
+        answer = []
+        for agent_id in sorted(set(snapshot.prefixes) | set(snapshot.prefix_errors)):
+            computed = snapshot.prefixes.get(agent_id)
+            answer.append(
+                AgentRoutes(
+                    agent_id=agent_id,
+                    prefix_hash=computed.prefix.hash if computed is not None else None,
+                    prefix_tokens=computed.prefix.token_count if computed is not None else None,
+                    routes=found.get(agent_id, ()),
+                    error=snapshot.prefix_errors.get(agent_id),
+                )
+            )
+        return answer
+
+    async def _box_view(self, snapshot: Snapshot, box_id: str) -> BoxView:
+        spec = snapshot.boxes[box_id]
+        live = snapshot.live[box_id]
+        phases: tuple[PhaseView, ...] = ()
+        if live.epoch is not None:
+            phases = tuple(_phase_view(p) for p in await self._store.list_phases(box_id, live.epoch))
+        report = live.ready_report
+        ttr = None
+        if report is not None:
+            ttr = TimeToReadyView(
+                at=report.at,
+                time_to_ready_seconds=report.time_to_ready_seconds,
+                engine_seconds=report.engine_seconds,
+                warmup_engine_seconds=report.warmup_engine_seconds,
+                prefix_engine_seconds=report.prefix_engine_seconds,
+                overhead_fraction=report.overhead_fraction,
+            )
+        return BoxView(
+            id=box_id,
+            base_url=spec.base_url,
+            engine=spec.engine.value,
+            model=spec.model,
+            slots=spec.slots,
+            healthy=live.healthy,
+            health_error=live.health_error,
+            epoch=live.epoch,
+            warmup=live.warmup.value,
+            warmup_error=live.warmup_error,
+            ready=readiness_of(snapshot, box_id),
+            phases=phases,
+            prefixes=_prefix_views(snapshot, box_id, live.epoch),
+            time_to_ready=ttr,
+        )
