@@ -1,3 +1,3 @@
-"""warmer: keeps LLM prompt prefixes warm in engine KV caches, and lets traffic reach a box only once it is warm."""
+"""warmer: keeps LLM prompt prefixes warm in engine KV caches; traffic reaches a box only once it is warm."""
 
 __version__ = "0.1.0"
