@@ -1,0 +1,123 @@
+"""`warmer status [--json]`: what the running daemon says about its boxes and routes.
+
+Asks the daemon's own API (`GET /v1/boxes`, `GET /v1/routes`) at the configured host and port, as an
+operator expects: the answer is live (health, epoch, in-flight warm-ups), which the database alone cannot
+give. Uses the first configured bearer token when the API requires one.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+import httpx
+
+from warmer.cli.group import CliState, pass_state
+from warmer.config.settings import Settings
+
+EXIT_UNREACHABLE = 1
+
+
+def daemon_url(settings: Settings) -> str:
+    """The API address to call: a wildcard bind is reached over loopback."""
+    host = settings.api.host
+    if host in ("0.0.0.0", "", "::"):  # a wildcard bind: connect over loopback
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.api.port}"
+
+
+def _seconds(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.2f}s"
+
+
+def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]]) -> str:
+    """The readable form: one line per box, then one line per agent."""
+    header = (
+        "BOX",
+        "HEALTH",
+        "EPOCH",
+        "WARM-UP",
+        "READY",
+        "WEIGHT",
+        "PREFIXES",
+        "TO READY",
+        "ENGINE",
+        "OVERHEAD",
+    )
+    rows: list[tuple[str, ...]] = [header]
+    for box in boxes:
+        ready = box["ready"]
+        prefixes = box["prefixes"]
+        warm = sum(1 for p in prefixes if p["state"] in ("warm", "stale") and p["trusted"])
+        ttr = box.get("time_to_ready") or {}
+        overhead = ttr.get("overhead_fraction")
+        rows.append(
+            (
+                box["id"],
+                "up" if box["healthy"] else "DOWN",
+                (box["epoch"] or "-")[-24:],
+                box["warmup"],
+                "yes" if ready["ready"] else "no",
+                f"{ready['weight']:.2f}",
+                f"{warm}/{len(prefixes)}",
+                _seconds(ttr.get("time_to_ready_seconds")),
+                _seconds(ttr.get("engine_seconds")),
+                "-" if overhead is None else f"{overhead:.1%}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    for box in boxes:
+        if not box["ready"]["ready"] and box["ready"]["reasons"]:
+            lines.append(f"  {box['id']} not ready: {'; '.join(box['ready']['reasons'])}")
+    lines.append("")
+    lines.append("AGENT ROUTES (only boxes where the agent's prefix is verified warm)")
+    for agent_id, entry in sorted(routes.items()):
+        found = ", ".join(f"{r['box_id']} ({r['weight']:.2f})" for r in entry["routes"]) or "none"
+        note = f"  [{entry['error']}]" if entry.get("error") else ""
+        lines.append(f"  {agent_id}: {found}{note}")
+    return "\n".join(lines)
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print boxes and routes as one JSON object.")
+@click.option("--url", default=None, help="Daemon API base URL (default: from the config's [api] host/port).")
+@pass_state
+def status(state: CliState, as_json: bool, url: str | None) -> None:
+    """Boxes (health, epoch, restart warm-up, readiness, weight, prefixes, time to ready vs engine time)
+    and per-agent routes, from the running daemon.
+
+    \b
+    warmer --config config/example.toml status
+    warmer --config config/example.toml status --json | jq '.routes'
+
+    Exit status 1 when the daemon cannot be reached.
+    """
+    settings = state.load_settings()
+    base = url.rstrip("/") if url else daemon_url(settings)
+    headers = {}
+    if settings.api.tokens:
+        headers["authorization"] = f"Bearer {settings.api.tokens[0].get_secret_value()}"
+    try:
+        with httpx.Client(base_url=base, headers=headers, timeout=10.0, trust_env=False) as client:
+            boxes_response = client.get("/v1/boxes")
+            routes_response = client.get("/v1/routes")
+    except httpx.HTTPError as exc:
+        click.echo(f"cannot reach the daemon at {base}: {exc}", err=True)
+        sys.exit(EXIT_UNREACHABLE)
+    for response in (boxes_response, routes_response):
+        if response.status_code != 200:
+            click.echo(f"{response.request.url.path}: HTTP {response.status_code}: {response.text}", err=True)
+            sys.exit(EXIT_UNREACHABLE)
+    boxes = boxes_response.json()["boxes"]
+    routes = routes_response.json()["routes"]
+    if as_json:
+        click.echo(json.dumps({"boxes": boxes, "routes": routes}, indent=2))
+    else:
+        click.echo(render_table(boxes, routes))
