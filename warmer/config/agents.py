@@ -58,7 +58,10 @@ _TOP_KEYS = {"id", "model", "block_separator", "blocks", "tools", "tools_file", 
              "placeholders", "samples"}  # fmt: skip
 
 
-def _read_text(base: Path, name: object, path: str, problems: list[Problem]) -> str | None:
+def _read_text(base: Path | None, name: object, path: str, problems: list[Problem]) -> str | None:
+    if base is None:  # a spec from the network (deploy webhook) must never make the daemon read its files
+        problems.append((path, "file references are not allowed here: give the text inline"))
+        return None
     if not isinstance(name, str) or not name:
         problems.append((path, "must be a relative file name"))
         return None
@@ -73,7 +76,7 @@ def _read_text(base: Path, name: object, path: str, problems: list[Problem]) -> 
         return None
 
 
-def _blocks(data: Mapping[str, object], base: Path, problems: list[Problem]) -> list[StaticBlock]:
+def _blocks(data: Mapping[str, object], base: Path | None, problems: list[Problem]) -> list[StaticBlock]:
     raw = data.get("blocks")
     if not isinstance(raw, list) or not raw:
         problems.append(("blocks", "at least one [[blocks]] table is required"))
@@ -114,7 +117,9 @@ def _blocks(data: Mapping[str, object], base: Path, problems: list[Problem]) -> 
     return blocks
 
 
-def _tools(data: Mapping[str, object], base: Path, problems: list[Problem]) -> list[Mapping[str, object]]:
+def _tools(
+    data: Mapping[str, object], base: Path | None, problems: list[Problem]
+) -> list[Mapping[str, object]]:
     if "tools" in data and "tools_file" in data:
         problems.append(("tools", "give tools or tools_file, not both"))
         return []
@@ -174,11 +179,22 @@ def load_agent_spec(path: Path) -> AgentSpec:
         raise ConfigError([("", f"cannot read: {exc.strerror}")]) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError([("", f"invalid TOML: {exc}")]) from None
+    return agent_spec_from_data(data, default_id=path.stem, base=path.parent, source=str(path))
+
+
+def agent_spec_from_data(
+    data: Mapping[str, object], *, default_id: str, base: Path | None, source: str
+) -> AgentSpec:
+    """A spec from already-parsed data (a spec file's TOML, or a deploy event's JSON).
+
+    `base` is the directory `file`/`tools_file` references are read from; None refuses them (a spec that
+    arrives over the network must not name files on the daemon's host).
+    """
     problems: list[Problem] = []
     unknown = set(data) - _TOP_KEYS
     if unknown:
         problems.append(("", f"unknown keys: {', '.join(sorted(unknown))}"))
-    agent_id = data.get("id", path.stem)
+    agent_id = data.get("id", default_id)
     model = data.get("model")
     if not isinstance(model, str) or not model:
         problems.append(("model", "required: the name of a model profile"))
@@ -187,7 +203,6 @@ def load_agent_spec(path: Path) -> AgentSpec:
     if not isinstance(separator, str):
         problems.append(("block_separator", "must be a string"))
         separator = "\n\n"
-    base = path.parent
     blocks = _blocks(data, base, problems)
     tools = _tools(data, base, problems)
     placeholders = _placeholders(data, problems)
@@ -223,7 +238,7 @@ def load_agent_spec(path: Path) -> AgentSpec:
             tools=tuple(tools),
             few_shot=tuple(few_shot),
             block_separator=separator,
-            source=str(path),
+            source=source,
         )
     except ConfigError as exc:
         reported = {path for path, _ in problems}  # one message per field: the file-level one wins
