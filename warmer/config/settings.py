@@ -342,6 +342,35 @@ class LoggingSettings(_Section):
         return value.upper() if isinstance(value, str) else value
 
 
+class HitRateSettings(_Section):
+    poll_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds between scrapes of each box's cache counters; the hit rate is computed over the "
+            "traffic between two scrapes. A minute holds enough calls to judge, and one scrape per box "
+            "per minute costs the engine nothing."
+        ),
+    )
+    threshold: float = Field(
+        default=0.90,
+        ge=0,
+        le=1,
+        description=(
+            "Hit ratio (0..1) below which a box alerts (metric and log event). 0.90 is the healthy bar "
+            "seen in the field for agents whose long stable prefix is warm."
+        ),
+    )
+    min_tokens_per_window: int = Field(
+        default=10000,
+        ge=0,
+        description=(
+            "Prompt tokens a box must have looked up between two scrapes before its ratio is judged, so an "
+            "idle box with a few health checks or probes never alerts (about five calls' worth of prefix)."
+        ),
+    )
+
+
 class BoxSettings(_Section):
     id: str = Field(
         min_length=1,
@@ -380,6 +409,15 @@ class GatewaySettings(_Section):
         description=(
             "`workers`: POST/GET/DELETE /workers (current SGLang Model Gateway); `legacy`: the older "
             "/add_worker, /remove_worker, /list_workers endpoints of sglang-router."
+        ),
+    )
+    sync_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between full gateway sync passes (a pass also runs right after any readiness change). "
+            "Each pass re-reads the router's worker list, so a worker added or removed behind warmer's back "
+            "is corrected within this bound; as short as the health poll so a missed change costs little."
         ),
     )
 
@@ -425,6 +463,9 @@ class Settings(BaseSettings):
     retry: RetrySettings = Field(default_factory=RetrySettings, description="Transient-failure retries.")
     logging: LoggingSettings = Field(default_factory=LoggingSettings, description="Log level and format.")
     fleet: FleetSettings = Field(default_factory=FleetSettings, description="Boxes, profiles, agents.")
+    hitrate: HitRateSettings = Field(
+        default_factory=HitRateSettings, description="Per-box cache hit-rate monitor and its alert."
+    )
 
     @classmethod
     def settings_customise_sources(

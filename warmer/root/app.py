@@ -22,16 +22,26 @@ import warmer
 from warmer.adapters.store import SqlStore, current_revision, head_revision, upgrade_database
 from warmer.adapters.store.engine import create_store_engine
 from warmer.api import ApiServices, Readiness, create_app
+from warmer.api.observe import RequestMetricsMiddleware
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.ports import StorePort
 from warmer.root.engines import SystemClock, build_engine_dispatcher
+from warmer.root.frontdoor import (
+    CurrentFleet,
+    ReconcilerReadiness,
+    ReconcilerSuspects,
+    build_gateway,
+    hitrate_config,
+)
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
 from warmer.root.supervisor import Supervisor
+from warmer.service.gateway_sync import GatewaySync
+from warmer.service.hitrate_monitor import HitRateMonitor
 from warmer.service.reconciler import Reconciler
 from warmer.service.status import (
     AgentRoutes,
@@ -146,6 +156,10 @@ class Daemon:
         if self.boxes:  # nothing to reconcile or time without a fleet
             self.supervisor.add("reconciler", self._run_reconciler)
             self.supervisor.add("scheduler", self._run_scheduler)
+            self.supervisor.add("hitrate", self._run_hitrate_monitor)
+            if settings.fleet.gateway is not None:
+                self.supervisor.add("gateway-sync", self._run_gateway_sync)
+        self.api.add_middleware(RequestMetricsMiddleware, observer=metrics.http)
 
     async def _run_reconciler(self, stopping: asyncio.Event) -> None:
         """The reconcile loop over this daemon's store, engines and config."""
@@ -165,6 +179,33 @@ class Daemon:
             await self.reconciler.run(stopping)
         finally:
             self.reconciler = None
+
+    async def _run_gateway_sync(self, stopping: asyncio.Event) -> None:
+        """Register ready boxes with `[fleet.gateway]`, withdraw the others (a router outage is retried)."""
+        gateway = self.settings.fleet.gateway
+        assert gateway is not None  # only added when configured
+        sync = GatewaySync(
+            gateway=build_gateway(gateway, self.http),
+            fleet=CurrentFleet(lambda: self.reconciler, self.boxes),
+            readiness=ReconcilerReadiness(lambda: self.reconciler),
+            clock=SystemClock(),
+            interval_seconds=gateway.sync_seconds,
+            observer=self.metrics.gateway,
+        )
+        await sync.run(stopping)
+
+    async def _run_hitrate_monitor(self, stopping: asyncio.Event) -> None:
+        """Per-box hit rate from the engines' counters; a drop marks the box suspect for the reconciler."""
+        engines = build_engine_dispatcher(self.settings, self.http, boxes=self.boxes, profiles=self.profiles)
+        monitor = HitRateMonitor(
+            engine=engines,
+            fleet=CurrentFleet(lambda: self.reconciler, self.boxes, also=engines.register),
+            clock=SystemClock(),
+            config=hitrate_config(self.settings),
+            observer=self.metrics.hitrate,
+            suspects=ReconcilerSuspects(lambda: self.reconciler),
+        )
+        await monitor.run(stopping)
 
     async def _run_scheduler(self, stopping: asyncio.Event) -> None:
         """Timers: a reconcile tick every `interval_seconds`, a health poll every `health_poll_seconds`."""

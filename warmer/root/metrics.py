@@ -34,6 +34,9 @@ class Metrics:
             registry=self.registry,
         )
         self.reconcile = ReconcileMetrics(self.registry)
+        self.gateway = GatewaySyncMetrics(self.registry)
+        self.hitrate = HitRateMetrics(self.registry)
+        self.http = HttpMetrics(self.registry)
 
 
 class ReconcileMetrics:
@@ -94,3 +97,102 @@ class ReconcileMetrics:
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         self.boxes_ready.set(boxes_ready)
         self.prefixes_warm.set(prefixes_warm)
+
+
+class GatewaySyncMetrics:
+    """Gateway sync's `GatewaySyncObserver`: passes, worker adds/removes and what the router listed."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.passes = Counter(
+            "warmer_gateway_sync_passes",
+            "Gateway sync passes, by outcome (ok, partial, gateway_unavailable, readiness_unknown).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.pass_seconds = Histogram(
+            "warmer_gateway_sync_seconds",
+            "Wall seconds of one gateway sync pass (list, removals, additions until the router shows them).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self.worker_changes = Counter(
+            "warmer_gateway_worker_changes",
+            "Workers added to (register) or removed from (deregister) the router, by outcome (ok|failed).",
+            ["action", "outcome"],
+            registry=registry,
+        )
+        self.workers = Gauge(
+            "warmer_gateway_workers",
+            "Workers the router listed at the last pass: ours (fleet boxes) and foreign (left alone).",
+            ["owner"],
+            registry=registry,
+        )
+
+    def sync_finished(self, outcome: str, seconds: float) -> None:
+        self.passes.labels(outcome=outcome).inc()
+        self.pass_seconds.observe(seconds)
+
+    def worker_changed(self, box_id: str, action: str, ok: bool) -> None:
+        self.worker_changes.labels(action=action, outcome="ok" if ok else "failed").inc()
+
+    def workers_listed(self, ours: int, foreign: int) -> None:
+        self.workers.labels(owner="ours").set(ours)
+        self.workers.labels(owner="foreign").set(foreign)
+
+
+class HitRateMetrics:
+    """The hit-rate monitor's `HitRateObserver`: per-box ratio, the alert, and scrape outcomes."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.ratio = Gauge(
+            "warmer_box_cache_hit_ratio",
+            "Share of prompt tokens served from the prefix cache on each box, over the last judged window "
+            "between two scrapes of the engine's own counters.",
+            ["box"],
+            registry=registry,
+        )
+        self.below = Gauge(
+            "warmer_box_hit_rate_below_threshold",
+            "1 while the box's last judged hit ratio is below the configured threshold (the alert).",
+            ["box"],
+            registry=registry,
+        )
+        self.scrapes = Counter(
+            "warmer_cache_scrapes",
+            "Scrapes of engine cache counters, by outcome (ok, failed, unsupported).",
+            ["outcome"],
+            registry=registry,
+        )
+
+    def hit_ratio(self, box_id: str, ratio: float) -> None:
+        self.ratio.labels(box=box_id).set(ratio)
+
+    def alert(self, box_id: str, below_threshold: bool) -> None:
+        self.below.labels(box=box_id).set(1 if below_threshold else 0)
+
+    def scrape_finished(self, box_id: str, outcome: str) -> None:
+        self.scrapes.labels(outcome=outcome).inc()
+
+
+class HttpMetrics:
+    """The API's `RequestObserver`: every request by route template, method and status class, so
+    webhook, pre-call and status outcomes are all visible without a counter per endpoint."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "warmer_http_requests",
+            "API requests answered, by route template, method and status class (2xx, 4xx, 5xx...).",
+            ["route", "method", "status"],
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "warmer_http_request_seconds",
+            "Wall seconds to answer an API request, by route template.",
+            ["route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+
+    def request_finished(self, route: str, method: str, status: int, seconds: float) -> None:
+        self.requests.labels(route=route, method=method, status=f"{status // 100}xx").inc()
+        self.seconds.labels(route=route).observe(seconds)

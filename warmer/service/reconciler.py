@@ -281,6 +281,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._ticks = 0
+        self._suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -349,6 +350,28 @@ class Reconciler:
         await self._note_readiness()
         self._ticks += 1
         self._notify_changed()
+
+    async def wait_changed(self) -> None:
+        """Return after the next pass (readiness and routes may have changed); gateway sync waits here."""
+        await self._changed.wait()
+
+    def ready_box_ids(self) -> set[str] | None:
+        """Boxes ready now (the planner's `box_ready`); None before the first pass (not known yet)."""
+        desired = self._desired
+        if desired is None:
+            return None
+        observed, now = self._observed(for_routes=True), self._clock.now()
+        return {b for b in self._boxes if box_ready(b, desired, observed, now, self._config.planner).ready}
+
+    def set_suspect(self, box_id: str, suspect: bool) -> None:
+        """The hit-rate monitor's verdict: a suspect box gets its warm prefixes probed (rate-limited)."""
+        if box_id not in self._boxes:
+            return
+        if suspect:
+            self._suspect.add(box_id)
+        else:
+            self._suspect.discard(box_id)
+        self.poke()
 
     def _notify_changed(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
@@ -523,6 +546,7 @@ class Reconciler:
             warm=self._trusted_records() if for_routes else dict(self._records),
             in_flight=frozenset(self._in_flight),
             buckets=dict(self._buckets),
+            suspect_boxes=frozenset(self._suspect),
             trusted_after=self._trusted_after,
         )
 
