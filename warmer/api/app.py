@@ -10,10 +10,15 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, FastAPI
 
-from warmer.api import boxes, health
+from warmer.api import boxes, campaigns, health, prewarm
 from warmer.api.services import ApiServices, Readiness
 
-ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (health.router, boxes.router)
+ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
+    health.router,
+    boxes.router,
+    prewarm.router,
+    campaigns.router,
+)
 
 
 def create_app(services: ApiServices) -> FastAPI:

@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 import warmer
+from warmer.service.campaigns import CampaignService
+from warmer.service.prewarm import PrewarmService
 from warmer.service.status import StatusQueries
 
 
@@ -34,3 +36,5 @@ class ApiServices:
     tokens: tuple[SecretStr, ...] = ()  # bearer tokens for protected routes; empty = open (loopback only)
     version: str = warmer.__version__
     status: StatusQueries | None = None  # boxes, readiness and routes (GET /v1/boxes..., /v1/routes)
+    prewarm: PrewarmService | None = None  # dialer pre-call ask (POST /v1/prewarm)
+    campaigns: CampaignService | None = None  # dialer schedule (PUT/DELETE/GET /v1/campaigns)

@@ -371,6 +371,47 @@ class HitRateSettings(_Section):
     )
 
 
+class DialerSettings(_Section):
+    prewarm_max_wait_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=60,
+        description=(
+            "Longest a `POST /v1/prewarm` caller may wait for a warm (its `wait_ms` is capped to this). "
+            "10 s covers a cold prefill of a long prefix on a busy box yet keeps a dialer worker from "
+            "hanging on a box that will not warm."
+        ),
+    )
+    campaign_lead_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description=(
+            "Seconds before a campaign's window opens that its agent's prefixes are warmed (and its group "
+            "widened for its volume). Five minutes covers a restart warm-up plus prefix warms on a cold box."
+        ),
+    )
+    volume_window_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Sliding window (seconds) over which pre-call asks are counted as an agent's observed call "
+            "volume (calls/minute) for placement. A minute follows a dialer burst without flapping groups."
+        ),
+    )
+    schedule_file: Path | None = Field(
+        default=None,
+        description=(
+            "Optional JSON or TOML file listing campaigns (id, agent, starts_at, ends_at, expected_calls), "
+            "synced into the store by id; campaigns booked through the API are never touched by it."
+        ),
+    )
+    poll_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between reads of `schedule_file`; well under any campaign lead time.",
+    )
+
+
 class BoxSettings(_Section):
     id: str = Field(
         min_length=1,
@@ -466,6 +507,9 @@ class Settings(BaseSettings):
     hitrate: HitRateSettings = Field(
         default_factory=HitRateSettings, description="Per-box cache hit-rate monitor and its alert."
     )
+    dialer: DialerSettings = Field(
+        default_factory=DialerSettings, description="Pre-call API bound and campaign schedule."
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -513,7 +557,12 @@ class Settings(BaseSettings):
 
 
 # Keys (dotted, in the TOML file) holding paths that resolve against the file's directory.
-_FILE_RELATIVE_PATHS = (("database", "state_dir"), ("fleet", "models_dir"), ("fleet", "agents_dir"))
+_FILE_RELATIVE_PATHS = (
+    ("database", "state_dir"),
+    ("fleet", "models_dir"),
+    ("fleet", "agents_dir"),
+    ("dialer", "schedule_file"),
+)
 
 
 def field_path(location: Sequence[int | str]) -> str:

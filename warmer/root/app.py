@@ -28,6 +28,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.ports import StorePort
+from warmer.root.dialer import DialerWiring
 from warmer.root.engines import SystemClock, build_engine_dispatcher
 from warmer.root.frontdoor import (
     CurrentFleet,
@@ -140,12 +141,21 @@ class Daemon:
         self._server: uvicorn.Server | None = None
         self._log = get_logger(__name__)
         self.reconciler: Reconciler | None = None  # built once the store is open (a root task)
+        self.dialer = DialerWiring(
+            settings,
+            agents=lambda: self.agents.keys(),
+            store=lambda: self._store,
+            reconciler=lambda: self.reconciler,
+            clock=SystemClock(),
+        )
         self.api: FastAPI = create_app(
             ApiServices(
                 registry=metrics.registry,
                 readiness=self.readiness,
                 tokens=tuple(settings.api.tokens),
                 status=_DaemonStatus(self),
+                prewarm=self.dialer.prewarm,
+                campaigns=self.dialer.campaigns,
             )
         )
         self.supervisor = Supervisor(
@@ -156,6 +166,8 @@ class Daemon:
         if self.boxes:  # nothing to reconcile or time without a fleet
             self.supervisor.add("reconciler", self._run_reconciler)
             self.supervisor.add("scheduler", self._run_scheduler)
+            if self.dialer.schedule is not None:
+                self.supervisor.add("schedule", self.dialer.run_schedule)
             self.supervisor.add("hitrate", self._run_hitrate_monitor)
             if settings.fleet.gateway is not None:
                 self.supervisor.add("gateway-sync", self._run_gateway_sync)
@@ -174,6 +186,7 @@ class Daemon:
             prefix_source=OfflinePrefixSource(),
             config=reconciler_config(self.settings),
             observer=self.metrics.reconcile,
+            demand=self.dialer.prewarm.observed_demand,
         )
         try:
             await self.reconciler.run(stopping)

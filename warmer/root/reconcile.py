@@ -39,6 +39,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
             keepalive_jitter=loop.keepalive_jitter_fraction,
             ramp_seconds=loop.ramp_seconds,
             ramp_initial_weight=loop.initial_ramp_weight,
+            campaign_lead_seconds=settings.dialer.campaign_lead_seconds,
         )
     )
 

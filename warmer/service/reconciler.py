@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import structlog
 
 from warmer.core.agents import AgentSpec
+from warmer.core.campaigns import campaign_demand, merge_demand
 from warmer.core.errors import WarmerError
 from warmer.core.model import (
     BoxSpec,
@@ -83,6 +84,11 @@ EVENT_BOX_READY = "box_ready"
 EVENT_BOX_UNHEALTHY = "box_unhealthy"
 EVENT_BOX_HEALTHY = "box_healthy"
 EVENT_RESTART_WARMUP = "restart_warmup"
+
+
+def _group_key(config: PlacementConfig, demand: AgentDemand) -> tuple[int, bool]:
+    """What of an agent's volume changes its placement: the group size it wants and dedication."""
+    return config.wanted_group_size(demand), config.is_dedicated(demand)
 
 
 class UnknownAgent(WarmerError):
@@ -247,8 +253,11 @@ class Reconciler:
         executor: WarmExecutor | None = None,
         restart: RestartWarmup | None = None,
         observer: ReconcileObserver | None = None,
+        demand: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self._engine = engine
+        # Observed call volume per agent (calls/minute, e.g. pre-call asks); campaigns add theirs per tick.
+        self._observed_demand = demand or dict
         self._store = store
         self._clock = clock
         self._boxes = {box.id: box for box in boxes}
@@ -486,7 +495,11 @@ class Reconciler:
 
     def _build_desired(self, now: float, campaigns: Sequence[Campaign]) -> Desired:
         refs = {a: PrefixRef(c.prefix.hash, c.prefix.token_count) for a, c in self._prefixes.items()}
-        target = self._place(refs)
+        volume = merge_demand(
+            campaign_demand(campaigns, now, self._config.planner.campaign_lead_seconds),
+            self._observed_demand(),
+        )
+        target = self._place(refs, volume)
         warm = {(r.box_id, r.prefix_hash) for r in self._trusted_records().values() if is_serving(r)}
         moving = handover(
             self._routing,
@@ -508,14 +521,28 @@ class Reconciler:
             last_activity=dict(self._activity),
         )
 
-    def _place(self, refs: Mapping[str, PrefixRef]) -> Mapping[str, tuple[str, ...]]:
-        """Placement is recomputed only when the fleet or a prefix changes (it is stable, but not free)."""
-        key = (tuple(sorted(self._boxes)), tuple(sorted((a, r.hash, r.tokens) for a, r in refs.items())))
+    def _place(
+        self, refs: Mapping[str, PrefixRef], volume: Mapping[str, float] | None = None
+    ) -> Mapping[str, tuple[str, ...]]:
+        """Placement is recomputed only when the fleet, a prefix or an agent's wanted group size changes
+        (it is stable, but not free). `volume` (calls/minute: campaigns, pre-call asks) widens groups."""
+        volume = volume or {}
+        config = self._config.placement
+        demands = [
+            AgentDemand(
+                agent,
+                self._agents[agent].model,
+                ref.tokens,
+                calls_per_minute=volume.get(agent, 0.0),
+                prefix_hash=ref.hash,
+            )
+            for agent, ref in sorted(refs.items())
+        ]
+        key = (
+            tuple(sorted(self._boxes)),
+            tuple((d.agent_id, d.prefix_hash, d.prefix_tokens, _group_key(config, d)) for d in demands),
+        )
         if key != self._placement_key:
-            demands = [
-                AgentDemand(agent, self._agents[agent].model, ref.tokens, prefix_hash=ref.hash)
-                for agent, ref in sorted(refs.items())
-            ]
             placement = place(list(self._boxes.values()), demands, self._config.placement)
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))

@@ -1,0 +1,166 @@
+"""/metrics of a built daemon exposes every family the front-doors issue asks for, after some activity:
+warm requests and outcomes, verification latency, restart phases, boxes ready, prefixes warm, time to
+ready, API outcomes by route template, gateway sync outcomes, hit ratio and its alert per box."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from warmer.config.settings import Settings
+from warmer.core.model import BoxSpec, CacheStats, EngineKind
+from warmer.core.promtext import parse_prometheus_text
+from warmer.root.app import ManagedStore, build
+from warmer.service.gateway_sync import GatewaySync
+from warmer.service.hitrate_monitor import HitRateConfig, HitRateMonitor
+
+pytestmark = pytest.mark.anyio
+
+BOX = BoxSpec(id="box-1", base_url="http://10.0.0.1:8000", engine=EngineKind.VLLM, model="m")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class NoStore:
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class Router:
+    def __init__(self) -> None:
+        self.workers: set[str] = {"http://10.9.9.9:1"}
+
+    async def registered(self) -> set[str]:
+        return set(self.workers)
+
+    async def register(self, box: BoxSpec) -> None:
+        self.workers.add(box.base_url)
+
+    async def deregister(self, box: BoxSpec) -> None:
+        self.workers.discard(box.base_url)
+
+
+class Ready:
+    def ready_box_ids(self) -> set[str] | None:
+        return {BOX.id}
+
+    async def wait_changed(self) -> None:
+        return None
+
+
+class Counters:
+    def __init__(self) -> None:
+        self.queried, self.hits = 0.0, 0.0
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        return CacheStats(queried_tokens=self.queried, hit_tokens=self.hits)
+
+
+class Clock:
+    def now(self) -> float:
+        return 0.0
+
+    def monotonic(self) -> float:
+        return 0.0
+
+    async def sleep(self, seconds: float) -> None:
+        return None
+
+
+async def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
+    def store(_: Settings) -> ManagedStore:
+        return NoStore()  # type: ignore[return-value]
+
+    daemon = build(
+        Settings(database={"state_dir": str(tmp_path)}), store_factory=store, prepare=lambda _: None
+    )
+    metrics = daemon.metrics
+
+    # the reconciler's observer (its own tests drive it through the real loop)
+    metrics.reconcile.warm_finished(BOX.id, "warm", "assigned", "verified", 0.2)
+    metrics.reconcile.phase_finished(BOX.id, "sampled", True, 1.5)
+    metrics.reconcile.box_ready(BOX.id, 12.0, 11.0)
+    metrics.reconcile.fleet_state(1, 3)
+
+    sync = GatewaySync(
+        gateway=Router(),
+        fleet=lambda: [BOX],
+        readiness=Ready(),
+        clock=Clock(),
+        interval_seconds=5,
+        observer=metrics.gateway,
+    )
+    await sync.sync_once()
+
+    counters = Counters()
+    monitor = HitRateMonitor(
+        engine=counters,  # type: ignore[arg-type]  # only cache_stats is used
+        fleet=lambda: [BOX],
+        clock=Clock(),
+        config=HitRateConfig(min_tokens_per_window=100),
+        observer=metrics.hitrate,
+    )
+    await monitor.scrape_once()
+    counters.queried, counters.hits = 1000.0, 500.0
+    await monitor.scrape_once()
+
+    transport = httpx.ASGITransport(app=daemon.api)
+    async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/no/such/path")).status_code == 404
+        text = (await client.get("/metrics")).text
+
+    samples = parse_prometheus_text(text)
+
+    def value(name: str, **labels: str) -> float:
+        found = [
+            s.value
+            for s in samples
+            if s.name == name and all(dict(s.labels).get(k) == v for k, v in labels.items())
+        ]
+        assert found, f"{name}{labels} missing from /metrics"
+        return found[0]
+
+    assert value("warmer_warm_requests_total", kind="warm", outcome="verified") == 1
+    assert value("warmer_warm_verify_seconds_count", kind="warm") == 1
+    assert value("warmer_restart_phase_seconds_count", phase="sampled", ok="true") == 1
+    assert value("warmer_boxes_ready") == 1
+    assert value("warmer_prefixes_warm") == 3
+    assert value("warmer_time_to_ready_seconds", box=BOX.id) == 12
+    assert value("warmer_http_requests_total", route="/healthz", method="GET", status="2xx") == 1
+    assert value("warmer_http_requests_total", route="unmatched", method="GET", status="4xx") == 1
+    assert value("warmer_http_request_seconds_count", route="/healthz") == 1
+    assert value("warmer_gateway_sync_passes_total", outcome="ok") == 1
+    assert value("warmer_gateway_sync_seconds_count") == 1
+    assert value("warmer_gateway_worker_changes_total", action="register", outcome="ok") == 1
+    assert value("warmer_gateway_workers", owner="foreign") == 1
+    assert value("warmer_box_cache_hit_ratio", box=BOX.id) == pytest.approx(0.5)
+    assert value("warmer_box_hit_rate_below_threshold", box=BOX.id) == 1
+    assert value("warmer_cache_scrapes_total", outcome="ok") == 2
+
+
+async def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None:
+    def store(_: Settings) -> ManagedStore:
+        return NoStore()  # type: ignore[return-value]
+
+    daemon = build(
+        Settings(database={"state_dir": str(tmp_path)}), store_factory=store, prepare=lambda _: None
+    )
+    transport = httpx.ASGITransport(app=daemon.api)
+    async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+        for box_id in ("x1", "x2", "x3"):
+            await client.get(f"/v1/boxes/{box_id}/ready")
+        text = (await client.get("/metrics")).text
+    routes = {
+        dict(s.labels)["route"] for s in parse_prometheus_text(text) if s.name == "warmer_http_requests_total"
+    }
+    assert "/v1/boxes/{box_id}/ready" in routes
+    assert not any("x1" in route for route in routes)

@@ -1,0 +1,296 @@
+"""The dialer's pre-call ask: which box should this call use, and is the agent's prefix warm there?
+
+The reconciler does the warming (`ensure_warm`: marks the agent as having a pre-call ask, starts the warm
+at once or joins the one in flight for that (box, prefix), and waits up to a bound), so a burst of asks for
+one cold agent sends one warm per box, not one per ask. This service adds what the dialer needs on top:
+
+- the box is picked among the agent's ready routes by weight (ramp weights included), with weighted
+  rendezvous hashing on the call id, so retries of one call land on the same box and a new box that is
+  still ramping gets only its slice;
+- the caller's wait is bounded by an operator maximum;
+- asks are counted per agent (observed call volume), which placement reads like campaign volume to give a
+  busy agent a wider group.
+
+It depends on `PrewarmBackend`, a narrow Protocol, not on the reconciler class: unit tests fake it.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from warmer.core.errors import WarmerError
+from warmer.core.model import BoxSpec, WarmState
+from warmer.core.planner import Route
+from warmer.ports import Clock
+from warmer.service.reconciler import Reconciler, UnknownAgent
+
+DEFAULT_MAX_WAIT_SECONDS = 10.0
+
+
+class PrewarmState(enum.StrEnum):
+    """The agent's prefix on the chosen box, as the dialer sees it."""
+
+    WARM = "warm"  # verified warm (when `ready`, the box is in the agent's route)
+    WARMING = "warming"  # a warm is in flight
+    COLD = "cold"  # nothing warm yet (a warm was asked for)
+    FAILED = "failed"  # the last warm failed; the reconciler retries after a backoff
+
+
+class PrewarmInvalid(WarmerError):
+    """A field of the ask is wrong; `field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class UnknownPrewarmAgent(WarmerError):
+    """The ask names an agent this daemon does not define (HTTP 404)."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"unknown agent {agent_id!r}")
+        self.agent_id = agent_id
+
+
+class PrewarmUnavailable(WarmerError):
+    """No box can take the agent's call now (none in its group is up and warmed up, its prefix is not
+    computed yet, or the reconciler is not running): HTTP 503 with this reason."""
+
+
+class EnsureAnswer(Protocol):
+    """What the reconciler's `ensure_warm` answers (fields read here, nothing else)."""
+
+    @property
+    def box_id(self) -> str | None: ...
+
+    @property
+    def state(self) -> WarmState | None: ...
+
+    @property
+    def routed(self) -> bool: ...
+
+    @property
+    def prefix_hash(self) -> str | None: ...
+
+    @property
+    def detail(self) -> str: ...
+
+
+class PrewarmBackend(Protocol):
+    """The reconciler, as the pre-call ask needs it."""
+
+    def knows(self, agent_id: str) -> bool: ...
+
+    async def ensure_warm(self, agent_id: str, wait_seconds: float) -> EnsureAnswer:
+        """Warm the agent's prefix if needed (coalesced per (box, prefix)) and wait up to `wait_seconds`."""
+        ...
+
+    def routes_for(self, agent_id: str) -> Sequence[Route]:
+        """The agent's ready boxes with ramp weights, in spill order."""
+        ...
+
+    def box(self, box_id: str) -> BoxSpec | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmAsk:
+    agent_id: str
+    call_id: str | None = None
+    expected_calls: int | None = None  # calls about to be placed for this agent (volume hint); None = 1
+    wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrewarmAnswer:
+    agent: str
+    box_id: str
+    base_url: str
+    prefix_hash: str | None
+    state: PrewarmState
+    ready: bool  # the box is in the agent's route: its prefix is verified warm there
+    waited_ms: int
+    detail: str = ""
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "agent": self.agent,
+            "box_id": self.box_id,
+            "base_url": self.base_url,
+            "prefix_hash": self.prefix_hash,
+            "state": self.state.value,
+            "ready": self.ready,
+            "waited_ms": self.waited_ms,
+            "detail": self.detail,
+        }
+
+
+class CallVolumeMeter:
+    """Observed pre-call volume per agent over a sliding window, in calls per minute.
+
+    Buckets of one second keep memory bounded under a burst (1,000 asks in a second are one entry)."""
+
+    def __init__(self, clock: Clock, *, window_seconds: float = 60.0) -> None:
+        if window_seconds <= 0:
+            raise ValueError("window_seconds must be > 0")
+        self._clock = clock
+        self._window = window_seconds
+        self._counts: dict[str, deque[list[float]]] = {}  # agent -> [(second, calls)] oldest first
+
+    def add(self, agent_id: str, calls: int = 1) -> None:
+        second = math.floor(self._clock.now())
+        buckets = self._counts.setdefault(agent_id, deque())
+        if buckets and buckets[-1][0] == second:
+            buckets[-1][1] += calls
+        else:
+            buckets.append([float(second), float(calls)])
+        self._trim(buckets, second)
+
+    def _trim(self, buckets: deque[list[float]], now: float) -> None:
+        while buckets and buckets[0][0] <= now - self._window:
+            buckets.popleft()
+
+    def calls_per_minute(self) -> dict[str, float]:
+        now = self._clock.now()
+        result: dict[str, float] = {}
+        for agent_id, buckets in list(self._counts.items()):
+            self._trim(buckets, now)
+            if not buckets:
+                del self._counts[agent_id]
+                continue
+            result[agent_id] = sum(calls for _, calls in buckets) * 60.0 / self._window
+        return result
+
+
+def _unit(call_id: str, box_id: str) -> float:
+    """A stable number in (0, 1) per (call, box)."""
+    digest = hashlib.blake2b(f"{call_id}\0{box_id}".encode(), digest_size=8, person=b"warmer-call").digest()
+    return (int.from_bytes(digest, "little") + 0.5) / 2.0**64
+
+
+def pick_route(routes: Sequence[Route], call_id: str | None, rng: random.Random) -> Route:
+    """Weighted rendezvous: each box scores -ln(u)/weight, lowest wins, so a box is chosen with
+    probability proportional to its weight; with a call id, u is a hash of (call, box), so the same call
+    gets the same box while the routes stay the same, and a box leaving moves only its own calls."""
+    if not routes:
+        raise ValueError("no routes to pick from")
+    best: Route | None = None
+    best_score = math.inf
+    for route in routes:
+        if route.weight <= 0:
+            continue
+        u = _unit(call_id, route.box_id) if call_id is not None else max(rng.random(), 1e-300)
+        score = -math.log(u) / route.weight
+        if score < best_score:
+            best, best_score = route, score
+    return best if best is not None else routes[0]
+
+
+def _state_of(answer: EnsureAnswer) -> PrewarmState:
+    if answer.routed:
+        return PrewarmState.WARM
+    if answer.state is WarmState.WARMING:
+        return PrewarmState.WARMING
+    if answer.state in (WarmState.WARM, WarmState.STALE):
+        return PrewarmState.WARM
+    if answer.state is WarmState.FAILED:
+        return PrewarmState.FAILED
+    return PrewarmState.COLD
+
+
+class PrewarmService:
+    """`prewarm(ask)`: the box for the call, the prefix's warm state there, after at most a bounded wait."""
+
+    def __init__(
+        self,
+        backend: PrewarmBackend,
+        clock: Clock,
+        *,
+        max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
+        meter: CallVolumeMeter | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if max_wait_seconds < 0:
+            raise ValueError("max_wait_seconds must be >= 0")
+        self._backend = backend
+        self._clock = clock
+        self.max_wait_seconds = max_wait_seconds
+        self.meter = meter or CallVolumeMeter(clock)
+        self._rng = rng or random.Random()
+
+    def observed_demand(self) -> Mapping[str, float]:
+        """Agent -> calls per minute seen in pre-call asks (feeds placement next to campaign volume)."""
+        return self.meter.calls_per_minute()
+
+    async def prewarm(self, ask: PrewarmAsk) -> PrewarmAnswer:
+        if not ask.agent_id:
+            raise PrewarmInvalid("agent", "required")
+        if ask.wait_seconds < 0 or not math.isfinite(ask.wait_seconds):
+            raise PrewarmInvalid("wait_ms", "must be a finite number >= 0")
+        if ask.expected_calls is not None and ask.expected_calls < 0:
+            raise PrewarmInvalid("expected_calls", "must be >= 0")
+        if not self._backend.knows(ask.agent_id):
+            raise UnknownPrewarmAgent(ask.agent_id)
+        self.meter.add(ask.agent_id, 1 if ask.expected_calls is None else ask.expected_calls)
+        wait = min(ask.wait_seconds, self.max_wait_seconds)
+        started = self._clock.monotonic()
+        answer = await self._backend.ensure_warm(ask.agent_id, wait)
+        waited_ms = max(0, round((self._clock.monotonic() - started) * 1000))
+        box_id = answer.box_id
+        if answer.routed:
+            routes = self._backend.routes_for(ask.agent_id)
+            if routes:
+                box_id = pick_route(routes, ask.call_id, self._rng).box_id
+        if box_id is None:
+            raise PrewarmUnavailable(answer.detail or "no box can serve the agent now")
+        box = self._backend.box(box_id)
+        if box is None:  # the fleet changed under the answer
+            raise PrewarmUnavailable(f"box {box_id!r} left the fleet")
+        return PrewarmAnswer(
+            agent=ask.agent_id,
+            box_id=box_id,
+            base_url=box.base_url,
+            prefix_hash=answer.prefix_hash,
+            state=_state_of(answer),
+            ready=answer.routed,
+            waited_ms=waited_ms,
+            detail=answer.detail,
+        )
+
+
+class ReconcilerBackend:
+    """`PrewarmBackend` over the running reconciler; 503 while there is none (daemon starting/stopping)."""
+
+    def __init__(
+        self, reconciler: Callable[[], Reconciler | None], agents: Callable[[], Collection[str]]
+    ) -> None:
+        self._reconciler = reconciler
+        self._agents = agents
+
+    def _running(self) -> Reconciler:
+        reconciler = self._reconciler()
+        if reconciler is None:
+            raise PrewarmUnavailable("the reconciler is not running (daemon starting or stopping)")
+        return reconciler
+
+    def knows(self, agent_id: str) -> bool:
+        return agent_id in self._agents()
+
+    async def ensure_warm(self, agent_id: str, wait_seconds: float) -> EnsureAnswer:
+        try:
+            return await self._running().ensure_warm(agent_id, wait_seconds)
+        except UnknownAgent:
+            raise UnknownPrewarmAgent(agent_id) from None
+
+    def routes_for(self, agent_id: str) -> Sequence[Route]:
+        return self._running().snapshot().routes().get(agent_id, ())
+
+    def box(self, box_id: str) -> BoxSpec | None:
+        return self._running().snapshot().boxes.get(box_id)
