@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 import warmer
 from warmer.service.campaigns import CampaignService
+from warmer.service.deploy import DeployHandler
 from warmer.service.prewarm import PrewarmService
 from warmer.service.status import StatusQueries
 
@@ -38,3 +39,4 @@ class ApiServices:
     status: StatusQueries | None = None  # boxes, readiness and routes (GET /v1/boxes..., /v1/routes)
     prewarm: PrewarmService | None = None  # dialer pre-call ask (POST /v1/prewarm)
     campaigns: CampaignService | None = None  # dialer schedule (PUT/DELETE/GET /v1/campaigns)
+    deploy: DeployHandler | None = None  # signed deploy webhook (POST /v1/events/deploy)

@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 import warmer
+from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.store import SqlStore, current_revision, head_revision, upgrade_database
 from warmer.adapters.store.engine import create_store_engine
 from warmer.api import ApiServices, Readiness, create_app
@@ -28,6 +29,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.ports import StorePort
+from warmer.root.deploy import build_deploy_service
 from warmer.root.dialer import DialerWiring
 from warmer.root.engines import SystemClock, build_engine_dispatcher
 from warmer.root.frontdoor import (
@@ -141,6 +143,7 @@ class Daemon:
         self._server: uvicorn.Server | None = None
         self._log = get_logger(__name__)
         self.reconciler: Reconciler | None = None  # built once the store is open (a root task)
+        self._reconcile_engines: EngineDispatcher | None = None  # the reconciler's engine client
         self.dialer = DialerWiring(
             settings,
             agents=lambda: self.agents.keys(),
@@ -156,6 +159,13 @@ class Daemon:
                 status=_DaemonStatus(self),
                 prewarm=self.dialer.prewarm,
                 campaigns=self.dialer.campaigns,
+                deploy=build_deploy_service(
+                    settings,
+                    store=lambda: self._store,
+                    fleet=lambda: self.reconciler,
+                    clock=SystemClock(),
+                    on_fleet_change=self._fleet_changed,
+                ),
             )
         )
         self.supervisor = Supervisor(
@@ -173,9 +183,15 @@ class Daemon:
                 self.supervisor.add("gateway-sync", self._run_gateway_sync)
         self.api.add_middleware(RequestMetricsMiddleware, observer=metrics.http)
 
+    def _fleet_changed(self, boxes: Sequence[BoxSpec]) -> None:
+        """A deploy event added or removed a box: the reconciler's engine client may call exactly these."""
+        if self._reconcile_engines is not None:
+            self._reconcile_engines.register(boxes)
+
     async def _run_reconciler(self, stopping: asyncio.Event) -> None:
         """The reconcile loop over this daemon's store, engines and config."""
         engines = build_engine_dispatcher(self.settings, self.http, boxes=self.boxes, profiles=self.profiles)
+        self._reconcile_engines = engines
         self.reconciler = Reconciler(
             engine=engines,
             store=self.store,

@@ -26,7 +26,7 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
-from warmer.core.errors import WarmerError
+from warmer.core.errors import ConfigError, WarmerError
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -149,6 +149,9 @@ class ReconcilerConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     health_concurrency: int = 32  # boxes polled at once
     precall_hold_seconds: float = 60.0  # a pre-call ask keeps the agent at top priority this long
+    # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
+    # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
+    pending_prompt_timeout_seconds: float = 600.0
 
     def __post_init__(self) -> None:
         if self.health_concurrency < 1:
@@ -211,6 +214,28 @@ class EnsureResult:
     routed: bool  # the box is in the agent's route: verified warm there
     prefix_hash: str | None
     detail: str = ""
+
+
+# Deploy events (warmer.service.deploy) the reconciler acts on; each is also a line in the event log.
+PENDING_AGENT_SUFFIX = "#pending"  # planner-only key for a staged prompt's prefix (never in routes)
+EVENT_PROMPT_STAGED = "prompt_staged"
+EVENT_PROMPT_CURRENT = "prompt_current"
+EVENT_PROMPT_REJECTED = "prompt_rejected"
+EVENT_BOX_DRAINED = "box_drained"
+EVENT_BOX_UNDRAINED = "box_undrained"
+EVENT_FLEET_BOX_ADDED = "fleet_box_added"
+EVENT_FLEET_BOX_REMOVED = "fleet_box_removed"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPrompt:
+    """A new prompt spec staged for an agent. Its prefix is warmed on the agent's boxes while the old one
+    keeps serving; it becomes current (routes switch) once verified warm on every box the agent is routed
+    to, so a prompt change never leaves the agent without a warm route."""
+
+    spec: AgentSpec
+    staged_at: float
+    computed: ComputedPrefix | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +315,11 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._ticks = 0
+        # deploy events (warmer.service.deploy): staged prompts, rollout drains, rollout epoch tags
+        self._pending: dict[str, PendingPrompt] = {}
+        self._drained: dict[str, str] = {}  # box id -> why it is out of service (rollout in progress)
+        self._epoch_tags: dict[str, str] = {}  # box id -> tag making its epoch new after a rollout
+        self._fleet_lock = asyncio.Lock()  # a box added/removed never lands in the middle of a tick
         self._suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -345,15 +375,22 @@ class Reconciler:
 
     async def tick(self) -> None:
         """One level-triggered pass: observe, plan, act (engine work continues as tasks)."""
+        async with self._fleet_lock:
+            await self._tick()
+
+    async def _tick(self) -> None:
         await self.start()
         now = self._clock.now()
         await self._poll_boxes(now)
         await self._refresh_prefixes(now)
         await self._refresh_records()
+        await self._refresh_pending(now)
         campaigns = await self._store.list_campaigns()
         desired = self._build_desired(now, campaigns)
         self._desired = desired
-        result = plan(desired, self._observed(for_routes=False), now, self._config.planner)
+        result = plan(
+            self._with_pending(desired, now), self._observed(for_routes=False), now, self._config.planner
+        )
         self._buckets = dict(result.buckets)
         await self._dispatch(result.actions)
         await self._note_readiness()
@@ -396,7 +433,9 @@ class Reconciler:
                 try:
                     if not await self._engine.health(box):
                         return False, None, "health check failed"
-                    return True, await self._engine.epoch(box), None
+                    epoch = await self._engine.epoch(box)
+                    tag = self._epoch_tags.get(box.id)
+                    return True, (epoch if tag is None else f"{epoch}~{tag}"), None
                 except WarmerError as exc:
                     return False, None, str(exc)
 
@@ -408,7 +447,11 @@ class Reconciler:
     async def _apply_health(
         self, box: BoxSpec, healthy: bool, epoch: str | None, error: str | None, now: float
     ) -> None:
-        live = self._live[box.id]
+        live = self._live.get(box.id)
+        if live is None:
+            return  # removed from the fleet while it was being polled
+        if box.id in self._drained:
+            healthy, epoch, error = False, None, self._drained[box.id]
         if not healthy or epoch is None:
             if live.healthy:
                 self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
@@ -734,6 +777,9 @@ class Reconciler:
         for computed in self._prefixes.values():
             if computed.prefix.hash == prefix_hash:
                 return computed.prefix
+        for pending in self._pending.values():
+            if pending.computed is not None and pending.computed.prefix.hash == prefix_hash:
+                return pending.computed.prefix
         return None
 
     async def _warm(self, box_id: str, epoch: str, prefix_hash: str, reason: str) -> WarmRecord | None:
@@ -892,6 +938,215 @@ class Reconciler:
     def touch(self, agent_id: str) -> None:
         """Traffic for the agent: keep its prefix warm (idle agents stop being kept warm)."""
         self._activity[agent_id] = self._clock.now()
+
+    # ------------------------------------------------------------------------------------ deploy events
+
+    def fleet(self) -> Mapping[str, BoxSpec]:
+        """The boxes this reconciler may call now (config plus runtime `box.added`)."""
+        return dict(self._boxes)
+
+    def agent_specs(self) -> Mapping[str, AgentSpec]:
+        return dict(self._agents)
+
+    def profile_names(self) -> frozenset[str]:
+        return frozenset(self._profiles)
+
+    def pending_prompts(self) -> Mapping[str, PendingPrompt]:
+        return dict(self._pending)
+
+    def draining(self) -> Mapping[str, str]:
+        """Boxes taken out of service by a rollout, with why."""
+        return dict(self._drained)
+
+    def stage_prompt(self, spec: AgentSpec) -> None:
+        """Warm `spec`'s prefix beside the current one; it becomes current once warm where the agent is
+        routed (or at once when the agent has no warm route). A newer staged spec replaces an older one."""
+        if spec.id not in self._agents:
+            raise UnknownAgent(spec.id)
+        if spec.model not in self._profiles:
+            raise ConfigError([("spec.model", f"unknown model profile {spec.model!r}")])
+        self._pending[spec.id] = PendingPrompt(spec, self._clock.now())
+        self.poke()
+
+    def drain_boxes(self, box_ids: Sequence[str], reason: str) -> None:
+        """Take boxes out of every route and out of readiness at once (a rollout will restart them); no
+        warm work is planned for them until `undrain_boxes`."""
+        unknown = [box_id for box_id in box_ids if box_id not in self._boxes]
+        if unknown:
+            raise ConfigError([("box_ids", f"unknown boxes: {', '.join(unknown)}")])
+        for box_id in box_ids:
+            self._drained[box_id] = reason
+            live = self._live[box_id]
+            live.healthy, live.health_error = False, reason
+        self._notify_changed()
+        self.poke()
+
+    def undrain_boxes(self, box_ids: Sequence[str], epoch_tag: str) -> None:
+        """Back in service as a NEW epoch (`<engine epoch>~<tag>`), even when the engine's own identity did
+        not change: restart warm-up, then the prefixes, then the routes."""
+        unknown = [box_id for box_id in box_ids if box_id not in self._boxes]
+        if unknown:
+            raise ConfigError([("box_ids", f"unknown boxes: {', '.join(unknown)}")])
+        for box_id in box_ids:
+            self._drained.pop(box_id, None)
+            self._epoch_tags[box_id] = epoch_tag
+        self.poke()
+
+    async def add_box(self, box: BoxSpec) -> None:
+        """A new box joins the fleet (registered in the store); it is warmed before any route uses it."""
+        async with self._fleet_lock:
+            if box.id in self._boxes:
+                raise ConfigError([("box.id", f"box {box.id!r} is already registered")])
+            if box.model not in self._profiles:
+                raise ConfigError([("box.model", f"unknown model profile {box.model!r}")])
+            self._boxes[box.id] = box
+            self._live[box.id] = BoxLive()
+            await self._store.sync_boxes(list(self._boxes.values()))
+        self.poke()
+
+    async def remove_box(self, box_id: str) -> None:
+        """A box leaves the fleet: out of routes at once, its engine work cancelled, its rows dropped
+        (the event log keeps its history)."""
+        async with self._fleet_lock:
+            if box_id not in self._boxes:
+                raise ConfigError([("box_id", f"unknown box {box_id!r}")])
+            mine = [
+                t for t in self._tasks if t.get_name().endswith(f":{box_id}") or f":{box_id}:" in t.get_name()
+            ]
+            for task in mine:
+                task.cancel()
+            await asyncio.gather(*mine, return_exceptions=True)
+            del self._boxes[box_id]
+            self._live.pop(box_id, None)
+            self._drained.pop(box_id, None)
+            self._epoch_tags.pop(box_id, None)
+            self._records = {k: r for k, r in self._records.items() if k[0] != box_id}
+            self._routing = {a: tuple(b for b in group if b != box_id) for a, group in self._routing.items()}
+            if self._desired is not None:
+                desired = self._desired
+                self._desired = replace(
+                    desired,
+                    boxes=dict(self._boxes),
+                    assignment={a: tuple(b for b in g if b != box_id) for a, g in desired.assignment.items()},
+                    routing=dict(self._routing),
+                )
+            await self._store.sync_boxes(list(self._boxes.values()))
+        self._notify_changed()
+        self.poke()
+
+    def _with_pending(self, desired: Desired, now: float) -> Desired:
+        """The plan's view: each staged prompt's prefix wanted on the agent's boxes, under a planner-only
+        key, so routes and readiness (built from `desired` itself) never see it."""
+        if not self._pending:
+            return desired
+        agents, assignment = dict(desired.agents), dict(desired.assignment)
+        activity = dict(desired.last_activity)
+        for agent_id, pending in self._pending.items():
+            if pending.computed is None:
+                continue
+            key = agent_id + PENDING_AGENT_SUFFIX
+            agents[key] = PrefixRef(pending.computed.prefix.hash, pending.computed.prefix.token_count)
+            assignment[key] = desired.assignment.get(agent_id, ())
+            activity[key] = now
+        return replace(desired, agents=agents, assignment=assignment, last_activity=activity)
+
+    async def _refresh_pending(self, now: float) -> None:
+        """Compute staged prompts' prefixes; make each current once it is warm where the agent is routed."""
+        for agent_id, pending in list(self._pending.items()):
+            if agent_id not in self._agents:
+                self._pending.pop(agent_id, None)
+                continue
+            if pending.computed is None:
+                spec = pending.spec
+                try:
+                    computed = await self._prefix_source(spec, self._profiles[spec.model])
+                except WarmerError as exc:
+                    if self._pending.get(agent_id) is pending:
+                        del self._pending[agent_id]
+                    self._log.error("staged prompt rejected: the old one stays current", agent=agent_id,
+                                    error=str(exc))  # fmt: skip
+                    await self._store.append_event(
+                        LoggedEvent(
+                            at=now,
+                            kind=EVENT_PROMPT_REJECTED,
+                            agent_id=agent_id,
+                            detail={"spec_hash": spec.spec_hash, "error": str(exc)},
+                        )
+                    )
+                    continue
+                if self._pending.get(agent_id) is not pending:
+                    continue  # replaced by a newer spec meanwhile
+                pending = self._pending[agent_id] = replace(pending, computed=computed)
+                await self._store.append_event(
+                    LoggedEvent(
+                        at=now,
+                        kind=EVENT_PROMPT_STAGED,
+                        agent_id=agent_id,
+                        prefix_hash=computed.prefix.hash,
+                        detail={"spec_hash": spec.spec_hash, "tokens": computed.prefix.token_count},
+                    )
+                )
+            why = self._pending_done(agent_id, pending, now)
+            if why is not None:
+                await self._promote(agent_id, pending, why, now)
+
+    def _pending_done(self, agent_id: str, pending: PendingPrompt, now: float) -> str | None:
+        """Why the staged prompt may become current now, or None to keep warming it."""
+        computed = pending.computed
+        if computed is None:
+            return None
+        current = self._prefixes.get(agent_id)
+        if current is None:
+            return "the agent had no current prefix"
+        if current.prefix.hash == computed.prefix.hash:
+            return "same stable prefix"
+        if pending.spec.model != self._agents[agent_id].model:
+            return "model changed: the agent's old boxes cannot serve it"
+        if now - pending.staged_at >= self._config.pending_prompt_timeout_seconds:
+            return "timed out: made current without being warm on every routed box"
+        if self._desired is None:
+            return None
+        serving = routes(self._desired, self._observed(for_routes=True), now, self._config.planner)
+        routed = serving.get(agent_id, ())
+        if not routed:
+            return "the agent had no warm route"
+        trusted = self._trusted_records()
+        for route in routed:
+            live = self._live.get(route.box_id)
+            record = trusted.get((route.box_id, live.epoch or "", computed.prefix.hash)) if live else None
+            if record is None or not is_serving(record) or record.warmed_at is None:
+                return None
+        return "verified warm on every routed box"
+
+    async def _promote(self, agent_id: str, pending: PendingPrompt, why: str, now: float) -> None:
+        computed = pending.computed
+        assert computed is not None
+        spec = pending.spec
+        old = self._prefixes.get(agent_id)
+        await self._store.record_prefix(
+            agent_id, spec.spec_hash, computed.prefix, engine_version=computed.engine_version, at=now
+        )
+        self._agents[agent_id] = spec
+        self._prefixes[agent_id] = computed
+        self._prefix_specs[agent_id] = spec.spec_hash
+        self._prefix_errors.pop(agent_id, None)
+        self._activity.setdefault(agent_id, now)
+        if self._pending.get(agent_id) is pending:
+            del self._pending[agent_id]
+        self._log.info("staged prompt is current", agent=agent_id, prefix=computed.prefix.hash, reason=why)
+        await self._store.append_event(
+            LoggedEvent(
+                at=now,
+                kind=EVENT_PROMPT_CURRENT,
+                agent_id=agent_id,
+                prefix_hash=computed.prefix.hash,
+                detail={
+                    "spec_hash": spec.spec_hash,
+                    "previous_prefix": old.prefix.hash if old is not None else None,
+                    "reason": why,
+                },
+            )
+        )
 
     # --------------------------------------------------------------------------------------- pre-call
 

@@ -1,0 +1,120 @@
+"""`POST /v1/events/deploy`: the signed deploy webhook. Thin shell over `warmer.service.deploy`.
+
+No bearer token: the HMAC signature over the raw body is the authentication (the deploy pipeline holds the
+shared secret). The body is read raw and bounded, because the signature covers the exact bytes sent.
+
+Status codes: 202 accepted; 200 `{"duplicate": true}` for an event id already received (a retry or a replay
+within the tolerance: acknowledged, nothing changes); 400 not a JSON object; 401 signature missing, forged
+or stale (a replay after the tolerance); 413 body too large; 422 invalid fields or boxes/agents the daemon
+does not have (`problems` lists field paths); 503 webhook disabled (no secret) or reconciler not running.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from warmer.api.services import ApiServices
+from warmer.config.events import EVENT_KINDS
+from warmer.core.webhook import SIGNATURE_HEADER
+from warmer.service.deploy import DeployOutcome, DeployResult
+
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a prompt spec with its reference material fits with room to spare
+
+_STATUS = {
+    DeployOutcome.ACCEPTED: 202,
+    DeployOutcome.DUPLICATE: 200,
+    DeployOutcome.DISABLED: 503,
+    DeployOutcome.UNSIGNED: 401,
+    DeployOutcome.FORGED: 401,
+    DeployOutcome.STALE: 401,
+    DeployOutcome.MALFORMED: 400,
+    DeployOutcome.INVALID: 422,
+    DeployOutcome.UNAVAILABLE: 503,
+}
+
+
+def _answer(result: DeployResult) -> JSONResponse:
+    code = _STATUS[result.outcome]
+    body: dict[str, Any] = {"outcome": result.outcome.value, "event_id": result.event_id, "kind": result.kind}
+    if result.outcome is DeployOutcome.ACCEPTED:
+        body["accepted"] = True
+    elif result.outcome is DeployOutcome.DUPLICATE:
+        body |= {"accepted": False, "duplicate": True, "detail": result.detail}
+    else:
+        body["detail"] = result.detail
+        if result.problems:
+            body["problems"] = [{"field": path, "message": message} for path, message in result.problems]
+    headers = {"WWW-Authenticate": 'Signature header="X-Warmer-Signature"'} if code == 401 else None
+    return JSONResponse(body, code, headers=headers)
+
+
+def router(services: ApiServices) -> APIRouter:
+    routes = APIRouter(tags=["events"])
+
+    @routes.post(
+        "/v1/events/deploy",
+        summary="Signed deploy webhook: prompt changes, rollouts, boxes added or removed (idempotent by id)",
+        status_code=202,
+        openapi_extra={
+            "parameters": [
+                {
+                    "name": SIGNATURE_HEADER,
+                    "in": "header",
+                    "required": True,
+                    "schema": {"type": "string"},
+                    "description": "t=<unix seconds>,v1=<hex HMAC-SHA256 of '<t>.' + raw body>",
+                }
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["id", "kind", "occurred_at"],
+                            "properties": {
+                                "id": {"type": "string", "description": "Idempotency key"},
+                                "kind": {"type": "string", "enum": list(EVENT_KINDS)},
+                                "occurred_at": {"type": "string", "description": "RFC 3339 or unix seconds"},
+                            },
+                            "description": "agent.prompt_changed: agent_id, spec; rollout.*: box_ids; "
+                            "box.added: box; box.removed: box_id",
+                        }
+                    }
+                },
+            },
+        },
+        responses={
+            200: {"description": "Duplicate event id: acknowledged, nothing changed"},
+            400: {"description": "Body is not a JSON object"},
+            401: {"description": "Signature missing, forged, or timestamp outside the tolerance"},
+            413: {"description": "Body too large"},
+            422: {"description": "Invalid fields, or boxes/agents the daemon does not have"},
+            503: {"description": "Webhook disabled (no secret) or reconciler not running"},
+        },
+    )
+    async def deploy_event(request: Request) -> JSONResponse:
+        handler = services.deploy
+        if handler is None:
+            return JSONResponse(
+                {"outcome": "disabled", "detail": "the deploy webhook is not available in this process"}, 503
+            )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return JSONResponse({"outcome": "too_large", "detail": f"body over {MAX_BODY_BYTES} bytes"}, 413)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return JSONResponse(
+                    {"outcome": "too_large", "detail": f"body over {MAX_BODY_BYTES} bytes"}, 413
+                )
+            chunks.append(chunk)
+        result = await handler.handle(b"".join(chunks), request.headers.get(SIGNATURE_HEADER))
+        return _answer(result)
+
+    return routes

@@ -1,0 +1,37 @@
+"""Wiring of the deploy webhook: settings -> `WebhookConfig`, and a `DeployService` over whichever store and
+reconciler the daemon has at the moment (both come and go with the root tasks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from warmer.config.settings import Settings
+from warmer.core.model import BoxSpec
+from warmer.ports import Clock, StorePort
+from warmer.service.deploy import DeployService, FleetControl, WebhookConfig
+
+
+def webhook_config(settings: Settings) -> WebhookConfig:
+    api = settings.api
+    return WebhookConfig(
+        secrets=tuple(api.webhook_secrets()),
+        tolerance_seconds=api.webhook_tolerance_seconds,
+        box_url_policy=api.box_url_policy(),
+    )
+
+
+def build_deploy_service(
+    settings: Settings,
+    *,
+    store: Callable[[], StorePort | None],
+    fleet: Callable[[], FleetControl | None],
+    clock: Clock,
+    on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
+) -> DeployService:
+    return DeployService(
+        store=store,
+        clock=clock,
+        config=webhook_config(settings),
+        fleet=fleet,
+        on_fleet_change=on_fleet_change,
+    )
