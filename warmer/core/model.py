@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from dataclasses import dataclass, field
 
@@ -107,6 +108,8 @@ class Prefix:
         return prefix_hash(self.text, self.token_ids)
 
 
+# Cached: `Prefix.hash` is read on hot paths (every pre-call ask); hashing thousands of ids costs ~1 ms.
+@functools.lru_cache(maxsize=1024)
 def prefix_hash(text: str, token_ids: tuple[int, ...] | None = None) -> str:
     """Identity of a prefix: two agents whose prefixes are byte-identical share one cache entry."""
     digest = hashlib.sha256()
