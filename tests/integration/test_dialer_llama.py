@@ -1,0 +1,109 @@
+"""Dialer front doors against a real `warmer serve` process over two real llama-server boxes.
+
+Reuses the reconciler's daemon harness (`test_daemon_llama`): a campaign booked ~3 s ahead is stored,
+listed, and its agent's prefix is verified warm on its boxes before the window opens; a burst of concurrent
+`POST /v1/prewarm` asks (bearer token) all get a routed box serving a warm prefix, the same box for the same
+call id, and the engine itself reports the whole stable prefix reused by a real turn-1 request there.
+Bounded waits only, no timing assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_daemon_llama import (
+    AGENT,
+    AGENTS_DIR,
+    READY_TIMEOUT_SECONDS,
+    _routed_boxes,
+    _routes,
+    _stable,
+    _turn1,
+    _wait,
+    daemon,
+)
+
+from testbed.fleet import LlamaFleet
+from warmer.config.agents import load_agent_specs
+
+pytestmark = pytest.mark.integration
+__all__ = ["daemon"]  # the harness fixture, used by name below
+
+FleetFactory = Callable[..., LlamaFleet]
+Daemon = tuple[LlamaFleet, subprocess.Popen[str], str, Path]
+
+
+def routed(base_url: str) -> list[str]:
+    """The agent's routed boxes; none before the daemon's first pass lists the agent."""
+    try:
+        return sorted(_routed_boxes(base_url))
+    except KeyError:
+        return []
+
+
+def test_campaign_is_warm_before_its_window_and_prewarm_bursts_get_warm_boxes(daemon: Daemon) -> None:
+    fleet, process, base_url, log = daemon
+    box_ids = sorted(box.id for box in fleet.boxes)
+    _wait(
+        "the agent routed on both boxes",
+        lambda: routed(base_url) == box_ids,
+        process,
+        log,
+        READY_TIMEOUT_SECONDS,
+    )
+
+    starts = time.time() + 3.0
+    body = {"agent": AGENT, "starts_at": starts, "ends_at": starts + 60.0, "expected_calls": 30}
+    put = httpx.put(f"{base_url}/v1/campaigns/soon-1", json=body, timeout=10)
+    assert put.status_code == 201, put.text
+    assert httpx.put(f"{base_url}/v1/campaigns/soon-1", json=body, timeout=10).status_code == 200
+    bad = httpx.put(f"{base_url}/v1/campaigns/soon-2", json=body | {"agent": "nobody"}, timeout=10)
+    assert bad.status_code == 404
+    listed = httpx.get(f"{base_url}/v1/campaigns", timeout=10).json()["campaigns"]
+    assert [c["id"] for c in listed] == ["soon-1"]
+    assert time.time() < starts  # still before the window: the prefix is already verified warm
+    assert routed(base_url) == box_ids
+
+    async def burst() -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+            asks = [
+                client.post(
+                    "/v1/prewarm", json={"agent": AGENT, "call_id": f"call-{i % 20}", "wait_ms": 5000}
+                )
+                for i in range(200)
+            ]
+            responses = await asyncio.gather(*asks)
+        assert {r.status_code for r in responses} == {200}
+        return [r.json() for r in responses]
+
+    def full_weight() -> bool:  # past the ramp: weights stop changing, so a call's box is stable
+        return all(r["weight"] >= 1.0 for r in _routes(base_url)[AGENT]["routes"])
+
+    _wait("the routes past their ramp", full_weight, process, log, 60.0)
+    answers = asyncio.run(burst())
+    assert {a["state"] for a in answers} == {"warm"}
+    assert {a["ready"] for a in answers} == {True}
+    by_call: dict[str, set[str]] = {}
+    for index, answer in enumerate(answers):
+        by_call.setdefault(f"call-{index % 20}", set()).add(answer["box_id"])
+    assert all(len(boxes) == 1 for boxes in by_call.values())  # one call, one box
+    agent = load_agent_specs(AGENTS_DIR)[AGENT]
+    stable = _stable(agent)
+    assert {a["prefix_hash"] for a in answers} == {stable.hash}
+    chosen = answers[0]
+    turn1 = _turn1(chosen["base_url"], agent)
+    assert turn1["timings"]["cache_n"] >= stable.token_count - 1  # the engine reused the whole prefix
+
+    unknown = httpx.post(f"{base_url}/v1/prewarm", json={"agent": "nobody"}, timeout=10)
+    assert unknown.status_code == 404
+    invalid = httpx.post(f"{base_url}/v1/prewarm", json={"agent": AGENT, "wait_ms": -1}, timeout=10)
+    assert invalid.status_code == 422
+    assert invalid.json()["field"] == "wait_ms"
+    assert httpx.delete(f"{base_url}/v1/campaigns/soon-1", timeout=10).status_code == 204
