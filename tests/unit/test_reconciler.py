@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
-from warmer.core.errors import EngineError, NotSupported
+from warmer.core.errors import EngineError, NotSupported, StoreUnavailable
 from warmer.core.model import (
     BoxSpec,
     CacheStats,
@@ -30,6 +30,7 @@ from warmer.core.model import (
     PhaseName,
     Prefix,
     RestartRecipe,
+    WarmRecord,
     WarmState,
 )
 from warmer.core.placement import PlacementConfig
@@ -507,3 +508,40 @@ def test_burst_levels_rise_to_the_slot_count() -> None:
     assert burst_levels(recipe, 8) == (1, 4, 8)
     assert burst_levels(recipe, 32) == (1, 4, 16, 32)
     assert burst_levels(RestartRecipe(burst_levels=()), 4) == ()
+
+
+class BlinkingStore(SqlStore):
+    """A real store whose database is unreachable for the next `outages` reads of the warm records."""
+
+    outages = 0
+
+    async def list_warm(self, *, box_id: str | None = None, epoch: str | None = None) -> list[WarmRecord]:
+        if self.outages > 0:
+            self.outages -= 1
+            raise StoreUnavailable("database unreachable (simulated blip)")
+        return await super().list_warm(box_id=box_id, epoch=epoch)
+
+
+def test_a_database_blip_fails_one_tick_and_the_loop_carries_on(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url)
+        blinking = BlinkingStore.from_url(store_url)
+        blinking.outages = 2
+        w.reconciler._store = blinking  # the same reconciler, over a store that blips
+        stopping = asyncio.Event()
+        loop = asyncio.create_task(w.reconciler.run(stopping))
+        for _ in range(200):  # bounded: poke until the outage is over and the boxes are warm
+            if sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]:
+                break
+            assert not loop.done(), "the reconcile loop died on a database blip"
+            w.reconciler.poke()
+            await asyncio.sleep(0.01)
+            await w.reconciler.drain()
+        assert blinking.outages == 0
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        stopping.set()
+        await asyncio.wait_for(loop, timeout=10)
+        await blinking.close()
+        await w.store.close()
+
+    asyncio.run(scenario())

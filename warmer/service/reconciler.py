@@ -26,7 +26,7 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
-from warmer.core.errors import ConfigError, WarmerError
+from warmer.core.errors import ConfigError, StoreError, WarmerError
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -347,7 +347,10 @@ class Reconciler:
         try:
             while not stopping.is_set():
                 self._wake.clear()
-                await self.tick()
+                try:
+                    await self.tick()
+                except StoreError as exc:  # a database blip: say so, keep going, the next tick retries
+                    self._log.error("reconcile tick failed", error=f"{type(exc).__name__}: {exc}")
                 wake_waiter = asyncio.ensure_future(self._wake.wait())
                 await asyncio.wait({wake_waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
                 wake_waiter.cancel()
