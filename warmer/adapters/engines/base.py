@@ -8,19 +8,28 @@ turned into a number, so nothing downstream can mistake it for a verified warm.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
-from warmer.core.errors import CacheFieldMissing, EngineError, EngineUnavailable, MalformedResponse
-from warmer.core.model import BoxSpec, EngineTimeouts, RetryPolicy
+from warmer.core.errors import (
+    CacheFieldMissing,
+    EngineError,
+    EngineUnavailable,
+    MalformedResponse,
+    NotSupported,
+)
+from warmer.core.model import BoxSpec, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
 from warmer.core.promtext import MetricsTextError, Sample, parse_prometheus_text, sum_samples
 
 JsonObject = dict[str, Any]
@@ -218,6 +227,41 @@ def check_cached_within_prompt(box: BoxSpec, path: str, prompt_tokens: int, cach
         )
 
 
+def reject_error_body(box: BoxSpec, path: str, body: Mapping[str, Any], *, unless: str) -> None:
+    """EngineError for an `error` body that lacks the field (`unless`) a real answer always carries."""
+    if "error" in body and unless not in body:
+        raise EngineError(box.id, f"{path} returned an error: {body['error']!r}")
+
+
+def string_field(box: BoxSpec, path: str, body: Mapping[str, Any], name: str) -> str:
+    """`body[name]` as a string, or MalformedResponse naming the endpoint and field."""
+    value = body.get(name)
+    if not isinstance(value, str):
+        raise MalformedResponse(box.id, f"{path} response lacks a string `{name}`")
+    return value
+
+
+@contextmanager
+def unsupported_when_rejected(
+    box: BoxSpec, message: str, *, statuses: Collection[int] | None = None
+) -> Iterator[None]:
+    """Turn an engine's 4xx for a route or feature it lacks into NotSupported, so callers can fall back.
+
+    With `statuses`, only those codes mean "lacks it" and any other rejection is re-raised as is.
+    """
+    try:
+        yield
+    except EngineRejected as exc:
+        if statuses is None or exc.status in statuses:
+            raise NotSupported(box.id, message) from exc
+        raise
+
+
+def fingerprint_digest(fields: Mapping[str, object], *, length: int) -> str:
+    """A short stable hash of engine-reported identity fields (key order and value types do not matter)."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:length]
+
+
 def token_list(box: BoxSpec, path: str, value: Any, *, field_name: str = "tokens") -> list[int]:
     """A list of token ids, or MalformedResponse."""
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
@@ -234,6 +278,15 @@ def parse_metrics(box: BoxSpec, text: str) -> list[Sample]:
         return parse_prometheus_text(text)
     except MetricsTextError as exc:
         raise MalformedResponse(box.id, f"/metrics body is not Prometheus text: {exc}") from exc
+
+
+def process_start_time(samples: Sequence[Sample]) -> float | None:
+    """Prometheus client's `process_start_time_seconds` (unix seconds the process started), if exposed.
+
+    With several series (multiprocess servers) the earliest is the server's own start.
+    """
+    values = [s.value for s in samples if s.name == "process_start_time_seconds"]
+    return min(values) if values else None
 
 
 def metric_sum(samples: Sequence[Sample], *names: str) -> float | None:
@@ -295,3 +348,94 @@ class RestartWatch:
     def epoch(self, box_id: str) -> str:
         watched = self._get(box_id)
         return f"watch-{self.nonce}-{watched.generation}"
+
+
+# --- What every adapter shares ------------------------------------------------------------------------
+
+PromptT = TypeVar("PromptT")
+
+
+class EngineAdapter(ABC, Generic[PromptT]):
+    """The common half of an EnginePort: one `EngineHttp`, one `RestartWatch`, one completion flow.
+
+    An engine says how a prefix becomes its prompt (`_prompt_for`, `PromptT` being any non-text form it
+    accepts, e.g. token ids) and how one completion is made (`_complete`). Warming then is always greedy
+    with the default time limit, and a restart warm-up always the caller's sampling with the long one.
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        timeouts: EngineTimeouts | None = None,
+        retry: RetryPolicy | None = None,
+        watch: RestartWatch | None = None,
+    ) -> None:
+        self._http = EngineHttp(client, timeouts=timeouts, retry=retry)
+        self._watch = watch or RestartWatch()
+
+    async def _health_status(self, box: BoxSpec) -> int | None:
+        return await self._http.status(box, "/health")
+
+    async def health(self, box: BoxSpec) -> bool:
+        """Up only on 200; every answer feeds the restart watch (a down/up bounce is a new epoch)."""
+        up = await self._health_status(box) == 200
+        self._watch.saw_health(box.id, up)
+        return up
+
+    async def _metrics(self, box: BoxSpec) -> list[Sample]:
+        """The parsed /metrics samples; a 4xx (metrics switched off) comes out as EngineRejected."""
+        text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
+        return parse_metrics(box, text)
+
+    async def _metrics_if_exposed(self, box: BoxSpec) -> list[Sample] | None:
+        """The parsed /metrics samples, or None when the server rejects the route (metrics are off)."""
+        try:
+            return await self._metrics(box)
+        except EngineRejected:
+            return None
+
+    async def _process_start(self, box: BoxSpec) -> float | None:
+        samples = await self._metrics_if_exposed(box)
+        return None if samples is None else process_start_time(samples)
+
+    @abstractmethod
+    async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | PromptT:
+        """The prompt that puts exactly `prefix` (then `suffix`) in front of the engine's cache."""
+
+    @abstractmethod
+    async def _complete(
+        self,
+        box: BoxSpec,
+        prompt: str | PromptT,
+        *,
+        max_tokens: int,
+        temperature: float,
+        json_schema: dict[str, object] | None = None,
+        time_limit: float | None = None,
+    ) -> CompletionReport:
+        """One non-streamed completion, parsed into a checked CompletionReport."""
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        prompt = await self._prompt_for(box, prefix, suffix)
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0)
+
+    async def complete_prompt(
+        self,
+        box: BoxSpec,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        json_schema: dict[str, object] | None = None,
+    ) -> CompletionReport:
+        return await self._complete(
+            box,
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            json_schema=json_schema,
+            time_limit=self._http.timeouts.long_request,
+        )

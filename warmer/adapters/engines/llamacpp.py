@@ -24,50 +24,33 @@ restart is also caught by the probe: a fresh process has an empty cache, so a ve
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 
-import httpx
-
 from warmer.adapters.engines.base import (
-    EngineHttp,
-    EngineRejected,
+    EngineAdapter,
     JsonObject,
-    RestartWatch,
     check_cached_within_prompt,
     count_field,
     dig,
+    fingerprint_digest,
     metric_sum,
     optional_seconds,
-    parse_metrics,
+    reject_error_body,
+    string_field,
     token_list,
+    unsupported_when_rejected,
 )
-from warmer.core.errors import EngineError, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.errors import MalformedResponse
+from warmer.core.model import BoxSpec, CacheStats, CompletionReport, Prefix
 
 COMPLETION_PATH = "/completion"
 
+# Statuses by which a llama-server build says it lacks a route (so: NotSupported, not an error).
+_MISSING_ROUTE = (404, 405, 501)
 
-class LlamaCppEngine:
+
+class LlamaCppEngine(EngineAdapter[list[int | str]]):
     """EnginePort for llama.cpp's native server API."""
-
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        timeouts: EngineTimeouts | None = None,
-        retry: RetryPolicy | None = None,
-        watch: RestartWatch | None = None,
-    ) -> None:
-        self._http = EngineHttp(client, timeouts=timeouts, retry=retry)
-        self._watch = watch or RestartWatch()
-
-    async def health(self, box: BoxSpec) -> bool:
-        status = await self._http.status(box, "/health")
-        up = status == 200
-        self._watch.saw_health(box.id, up)
-        return up
 
     async def epoch(self, box: BoxSpec) -> str:
         props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
@@ -82,45 +65,19 @@ class LlamaCppEngine:
             # Random per process (server-common.h: "each time the server restarts, the marker will be
             # different"): a real process identity, stable across warmer restarts.
             return f"llamacpp-{_digest({**fingerprint, 'media_marker': media_marker})}"
-        decodes: float | None = None
-        try:
-            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-            decodes = metric_sum(parse_metrics(box, text), "llamacpp:n_decode_total")
-        except EngineRejected:
-            decodes = None  # started without --metrics: the other signals still apply
+        samples = await self._metrics_if_exposed(box)
+        # None: started without --metrics; the other signals still apply.
+        decodes = None if samples is None else metric_sum(samples, "llamacpp:n_decode_total")
         marker = _digest(fingerprint)
         self._watch.saw_state(box.id, marker=marker, counter=decodes)
         return f"llamacpp-{marker}-{self._watch.epoch(box.id)}"
 
-    async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
-    ) -> CompletionReport:
-        prompt: str | list[int | str]
+    async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int | str]:
         if prefix.token_ids is not None:
             # Ids are sent as-is (no BOS added), so the cached run ends exactly at the prefix boundary;
             # a suffix string is tokenized by the server after them (mixed prompt).
-            prompt = [*prefix.token_ids, suffix] if suffix else list(prefix.token_ids)
-        else:
-            prompt = prefix.text + suffix
-        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0)
-
-    async def complete_prompt(
-        self,
-        box: BoxSpec,
-        prompt: str,
-        *,
-        max_tokens: int,
-        temperature: float = 0.0,
-        json_schema: dict[str, object] | None = None,
-    ) -> CompletionReport:
-        return await self._complete(
-            box,
-            prompt,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            json_schema=json_schema,
-            time_limit=self._http.timeouts.long_request,
-        )
+            return [*prefix.token_ids, suffix] if suffix else list(prefix.token_ids)
+        return prefix.text + suffix
 
     async def _complete(
         self,
@@ -150,33 +107,21 @@ class LlamaCppEngine:
         body: JsonObject = {"messages": list(messages)}
         if tools:
             body["tools"] = list(tools)
-        try:
+        with unsupported_when_rejected(
+            box, "this llama-server has no /apply-template", statuses=_MISSING_ROUTE
+        ):
             response, _ = await self._http.post_json(box, "/apply-template", body)
-        except EngineRejected as exc:
-            if exc.status in (404, 405, 501):
-                raise NotSupported(box.id, "this llama-server has no /apply-template") from exc
-            raise
-        prompt = response.get("prompt")
-        if not isinstance(prompt, str):
-            raise MalformedResponse(box.id, "/apply-template response lacks a string `prompt`")
-        return prompt
+        return string_field(box, "/apply-template", response, "prompt")
 
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         # add_special: a string prompt on /completion gets BOS, so the ids must include it too.
-        try:
+        with unsupported_when_rejected(box, "this llama-server has no /tokenize", statuses=_MISSING_ROUTE):
             response, _ = await self._http.post_json(box, "/tokenize", {"content": text, "add_special": True})
-        except EngineRejected as exc:
-            if exc.status in (404, 405, 501):
-                raise NotSupported(box.id, "this llama-server has no /tokenize") from exc
-            raise
         return token_list(box, "/tokenize", response.get("tokens"))
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        try:
-            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-        except EngineRejected as exc:
-            raise NotSupported(box.id, "llama-server /metrics is off (start it with --metrics)") from exc
-        samples = parse_metrics(box, text)
+        with unsupported_when_rejected(box, "llama-server /metrics is off (start it with --metrics)"):
+            samples = await self._metrics(box)
         cached = metric_sum(samples, "llamacpp:prompt_tokens_cached_total")
         computed = metric_sum(samples, "llamacpp:prompt_tokens_total")
         if cached is None or computed is None:
@@ -187,13 +132,12 @@ class LlamaCppEngine:
 
 
 def _digest(fields: dict[str, object]) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return fingerprint_digest(fields, length=16)
 
 
 def parse_completion(box: BoxSpec, body: JsonObject, wall_seconds: float) -> CompletionReport:
     """`timings.cache_n` reused + `timings.prompt_n` computed = the prompt; never `tokens_cached`."""
-    if "error" in body and "timings" not in body:
-        raise EngineError(box.id, f"{COMPLETION_PATH} returned an error: {body['error']!r}")
+    reject_error_body(box, COMPLETION_PATH, body, unless="timings")
     cached = count_field(box, COMPLETION_PATH, body, "timings.cache_n", cache_field=True,
                          hint="llama-server too old to report timings.cache_n")  # fmt: skip
     computed = count_field(box, COMPLETION_PATH, body, "timings.prompt_n")

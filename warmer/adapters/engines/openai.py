@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 import httpx
 
 from warmer.adapters.engines.base import (
-    EngineHttp,
+    EngineAdapter,
     EngineRejected,
     JsonObject,
     RestartWatch,
@@ -35,9 +35,10 @@ from warmer.adapters.engines.base import (
     count_field,
     dig,
     metric_sum,
-    parse_metrics,
+    reject_error_body,
+    unsupported_when_rejected,
 )
-from warmer.core.errors import EngineError, EngineUnavailable, MalformedResponse, NotSupported
+from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -61,16 +62,7 @@ def parse_openai_completion(
     )
 
 
-def process_start_time(box: BoxSpec, metrics_text: str) -> float | None:
-    """Prometheus client's `process_start_time_seconds` (unix seconds the process started), if exposed.
-
-    With several series (multiprocess servers) the earliest is the server's own start.
-    """
-    values = [s.value for s in parse_metrics(box, metrics_text) if s.name == "process_start_time_seconds"]
-    return min(values) if values else None
-
-
-class OpenAICompatibleEngine:
+class OpenAICompatibleEngine(EngineAdapter[list[int]]):
     """EnginePort over `/v1/completions`; the base for engines whose hit report lives in `usage`."""
 
     cache_hint = "the server does not report usage.prompt_tokens_details.cached_tokens"
@@ -86,22 +78,19 @@ class OpenAICompatibleEngine:
         epoch_header: str | None = None,
         watch: RestartWatch | None = None,
     ) -> None:
+        super().__init__(client, timeouts=timeouts, retry=retry, watch=watch)
         self._client = client
-        self._http = EngineHttp(client, timeouts=timeouts, retry=retry)
         self._served_models = dict(served_models or {})
         self._discovered_models: dict[str, str] = {}
         self._epoch_header = epoch_header
-        self._watch = watch or RestartWatch()
 
     # -- health and identity ---------------------------------------------------------------------
 
-    async def health(self, box: BoxSpec) -> bool:
+    async def _health_status(self, box: BoxSpec) -> int | None:
         status = await self._http.status(box, "/health")
         if status in (404, 405):
             status = await self._http.status(box, "/v1/models")  # servers without a /health route
-        up = status == 200
-        self._watch.saw_health(box.id, up)
-        return up
+        return status
 
     async def epoch(self, box: BoxSpec) -> str:
         started = await self._process_start(box)
@@ -113,13 +102,6 @@ class OpenAICompatibleEngine:
                 return f"{self.kind}-header-{value}"
         self._watch.saw_state(box.id, marker=await self._marker(box))
         return f"{self.kind}-{self._watch.epoch(box.id)}"
-
-    async def _process_start(self, box: BoxSpec) -> float | None:
-        try:
-            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-        except EngineRejected:
-            return None
-        return process_start_time(box, text)
 
     async def _header_epoch(self, box: BoxSpec, header: str) -> str | None:
         try:
@@ -143,6 +125,12 @@ class OpenAICompatibleEngine:
         ids = sorted(str(item.get("id")) for item in data if isinstance(item, Mapping))
         return ",".join(ids)
 
+    async def _add_model(self, box: BoxSpec, body: JsonObject) -> None:
+        """Name the model in a request body when one is known (see `_model_for`)."""
+        model = await self._model_for(box)
+        if model is not None:
+            body["model"] = model
+
     async def _model_for(self, box: BoxSpec) -> str | None:
         """The `model` field: the profile's served name if configured, else the server's first model."""
         if box.model in self._served_models:
@@ -164,30 +152,6 @@ class OpenAICompatibleEngine:
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int]:
         return prefix.text + suffix
 
-    async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
-    ) -> CompletionReport:
-        prompt = await self._prompt_for(box, prefix, suffix)
-        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0)
-
-    async def complete_prompt(
-        self,
-        box: BoxSpec,
-        prompt: str,
-        *,
-        max_tokens: int,
-        temperature: float = 0.0,
-        json_schema: dict[str, object] | None = None,
-    ) -> CompletionReport:
-        return await self._complete(
-            box,
-            prompt,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            json_schema=json_schema,
-            time_limit=self._http.timeouts.long_request,
-        )
-
     async def _complete(
         self,
         box: BoxSpec,
@@ -204,17 +168,14 @@ class OpenAICompatibleEngine:
             "temperature": temperature,
             "stream": False,
         }
-        model = await self._model_for(box)
-        if model is not None:
-            body["model"] = model
+        await self._add_model(box, body)
         if json_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "warmup", "schema": json_schema},
             }
         response, wall = await self._http.post_json(box, COMPLETIONS_PATH, body, time_limit=time_limit)
-        if "error" in response and "usage" not in response:
-            raise EngineError(box.id, f"{COMPLETIONS_PATH} returned an error: {response['error']!r}")
+        reject_error_body(box, COMPLETIONS_PATH, response, unless="usage")
         return parse_openai_completion(box, response, wall, hint=self.cache_hint)
 
     # -- tokenizing and stats --------------------------------------------------------------------
@@ -228,11 +189,8 @@ class OpenAICompatibleEngine:
         raise NotSupported(box.id, "a generic OpenAI-compatible server has no tokenize endpoint")
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        try:
-            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-        except EngineRejected as exc:
-            raise NotSupported(box.id, "the server exposes no /metrics") from exc
-        samples = parse_metrics(box, text)
+        with unsupported_when_rejected(box, "the server exposes no /metrics"):
+            samples = await self._metrics(box)
         queries = metric_sum(samples, "vllm:prefix_cache_queries_total")
         hits = metric_sum(samples, "vllm:prefix_cache_hits_total")
         if queries is not None and hits is not None:

@@ -23,26 +23,23 @@ several prefix+suffix requests and probes until the hit shows (DESIGN.md §4).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 
-import httpx
-
 from warmer.adapters.engines.base import (
-    EngineHttp,
+    EngineAdapter,
     EngineRejected,
     JsonObject,
-    RestartWatch,
     check_cached_within_prompt,
     count_field,
+    fingerprint_digest,
     metric_sum,
     optional_seconds,
-    parse_metrics,
+    reject_error_body,
+    unsupported_when_rejected,
 )
-from warmer.adapters.engines.openai import process_start_time
-from warmer.core.errors import EngineError, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.errors import MalformedResponse, NotSupported
+from warmer.core.model import BoxSpec, CacheStats, CompletionReport, Prefix
 
 GENERATE_PATH = "/generate"
 
@@ -65,24 +62,8 @@ def parse_generate(box: BoxSpec, body: JsonObject, wall_seconds: float) -> Compl
     )
 
 
-class SglangEngine:
+class SglangEngine(EngineAdapter[str]):
     """EnginePort for SGLang's native /generate API."""
-
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        *,
-        timeouts: EngineTimeouts | None = None,
-        retry: RetryPolicy | None = None,
-        watch: RestartWatch | None = None,
-    ) -> None:
-        self._http = EngineHttp(client, timeouts=timeouts, retry=retry)
-        self._watch = watch or RestartWatch()
-
-    async def health(self, box: BoxSpec) -> bool:
-        up = await self._http.status(box, "/health") == 200
-        self._watch.saw_health(box.id, up)
-        return up
 
     async def _server_info(self, box: BoxSpec) -> JsonObject:
         try:
@@ -93,49 +74,34 @@ class SglangEngine:
         return await self._http.get_json(box, "/server_info", time_limit=self._http.timeouts.health)
 
     async def epoch(self, box: BoxSpec) -> str:
-        try:
-            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-            started = process_start_time(box, text)
-        except EngineRejected:
-            started = None  # --enable-metrics is off
+        started = await self._process_start(box)  # None also when --enable-metrics is off
         if started is not None:
             return f"sglang-start-{started!r}"
         info = await self._server_info(box)
         fingerprint = {key: info.get(key) for key in ("model_path", "random_seed", "version", "port")}
-        marker = hashlib.sha256(json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()[
-            :12
-        ]
+        marker = fingerprint_digest(fingerprint, length=12)
         self._watch.saw_state(box.id, marker=marker)
         return f"sglang-{marker}-{self._watch.epoch(box.id)}"
 
-    async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
-    ) -> CompletionReport:
-        return await self._generate(
-            box, prefix.text + suffix, {"max_new_tokens": max_tokens, "temperature": 0.0}
-        )
+    async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str:
+        return prefix.text + suffix
 
-    async def complete_prompt(
+    async def _complete(
         self,
         box: BoxSpec,
         prompt: str,
         *,
         max_tokens: int,
-        temperature: float = 0.0,
+        temperature: float,
         json_schema: dict[str, object] | None = None,
+        time_limit: float | None = None,
     ) -> CompletionReport:
         params: JsonObject = {"max_new_tokens": max_tokens, "temperature": temperature}
         if json_schema is not None:
             params["json_schema"] = json.dumps(json_schema)  # SGLang takes the schema as a JSON string
-        return await self._generate(box, prompt, params, time_limit=self._http.timeouts.long_request)
-
-    async def _generate(
-        self, box: BoxSpec, text: str, sampling_params: JsonObject, *, time_limit: float | None = None
-    ) -> CompletionReport:
-        body: JsonObject = {"text": text, "sampling_params": sampling_params, "stream": False}
+        body: JsonObject = {"text": prompt, "sampling_params": params, "stream": False}
         response, wall = await self._http.post_json(box, GENERATE_PATH, body, time_limit=time_limit)
-        if "error" in response and "meta_info" not in response:
-            raise EngineError(box.id, f"{GENERATE_PATH} returned an error: {response['error']!r}")
+        reject_error_body(box, GENERATE_PATH, response, unless="meta_info")
         return parse_generate(box, response, wall)
 
     async def render_chat(
@@ -147,11 +113,8 @@ class SglangEngine:
         raise NotSupported(box.id, "tokenize with the model profile's tokenizer file for SGLang boxes")
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        try:
-            text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-        except EngineRejected as exc:
-            raise NotSupported(box.id, "SGLang /metrics is off (start it with --enable-metrics)") from exc
-        samples = parse_metrics(box, text)
+        with unsupported_when_rejected(box, "SGLang /metrics is off (start it with --enable-metrics)"):
+            samples = await self._metrics(box)
         prompt = metric_sum(samples, "sglang:prompt_tokens_total")
         cached = metric_sum(samples, "sglang:cached_tokens_total")
         # A gauge: with several series (one per DP rank) no single rate is honest, so report none.

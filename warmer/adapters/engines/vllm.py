@@ -18,9 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from warmer.adapters.engines.base import EngineRejected, JsonObject, metric_sum, parse_metrics, token_list
+from warmer.adapters.engines.base import (
+    JsonObject,
+    metric_sum,
+    string_field,
+    token_list,
+    unsupported_when_rejected,
+)
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
-from warmer.core.errors import MalformedResponse, NotSupported
+from warmer.core.errors import MalformedResponse
 from warmer.core.model import BoxSpec, CacheStats, Prefix
 
 
@@ -39,10 +45,11 @@ class VllmEngine(OpenAICompatibleEngine):
         return [*prefix.token_ids, *suffix_ids]
 
     async def _tokenize(self, box: BoxSpec, text: str, *, add_special_tokens: bool) -> list[int]:
-        body: JsonObject = {"prompt": text, "add_special_tokens": add_special_tokens}
-        model = await self._model_for(box)
-        if model is not None:
-            body["model"] = model
+        return await self._post_tokenize(box, {"prompt": text, "add_special_tokens": add_special_tokens})
+
+    async def _post_tokenize(self, box: BoxSpec, body: JsonObject) -> list[int]:
+        """POST /tokenize (either request form) for the box's model; the `tokens` it answers, checked."""
+        await self._add_model(box, body)
         response, _ = await self._http.post_json(box, "/tokenize", body)
         return token_list(box, "/tokenize", response.get("tokens"))
 
@@ -65,34 +72,20 @@ class VllmEngine(OpenAICompatibleEngine):
         }
         if tools:
             body["tools"] = list(tools)
-        model = await self._model_for(box)
-        if model is not None:
-            body["model"] = model
-        response, _ = await self._http.post_json(box, "/tokenize", body)
-        return token_list(box, "/tokenize", response.get("tokens"))
+        return await self._post_tokenize(box, body)
 
     async def render_chat(
         self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
     ) -> str:
         ids = await self.tokenize_chat(box, messages, tools)
         body: JsonObject = {"tokens": ids}
-        model = await self._model_for(box)
-        if model is not None:
-            body["model"] = model
-        try:
+        await self._add_model(box, body)
+        with unsupported_when_rejected(box, "this vLLM has no /detokenize", statuses=(404, 405)):
             response, _ = await self._http.post_json(box, "/detokenize", body)
-        except EngineRejected as exc:
-            if exc.status in (404, 405):
-                raise NotSupported(box.id, "this vLLM has no /detokenize") from exc
-            raise
-        prompt = response.get("prompt")
-        if not isinstance(prompt, str):
-            raise MalformedResponse(box.id, "/detokenize response lacks a string `prompt`")
-        return prompt
+        return string_field(box, "/detokenize", response, "prompt")
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        text = await self._http.get_text(box, "/metrics", time_limit=self._http.timeouts.health)
-        samples = parse_metrics(box, text)
+        samples = await self._metrics(box)
         queries = metric_sum(samples, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
         hits = metric_sum(samples, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
         if queries is None or hits is None:
