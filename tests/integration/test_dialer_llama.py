@@ -18,7 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-from test_daemon_llama import (
+
+from testbed.fleet import LlamaFleet
+from tests.integration.test_daemon_llama import (
     AGENT,
     AGENTS_DIR,
     READY_TIMEOUT_SECONDS,
@@ -29,8 +31,6 @@ from test_daemon_llama import (
     _wait,
     daemon,
 )
-
-from testbed.fleet import LlamaFleet
 from warmer.config.agents import load_agent_specs
 
 pytestmark = pytest.mark.integration

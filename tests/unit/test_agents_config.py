@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from prompt_helpers import AGENTS_DIR, MODELS_DIR, spec, tool
 
 from testbed.tiny_model import BOS_ID, IM_END_ID, IM_START_ID, byte_token_id
+from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR, spec, tool
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import FileTokenizer, byte_spm_tokenizer, load_tokenizer, offline_tokenizer

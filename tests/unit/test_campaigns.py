@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from dialer_fakes import PREFIX_TOKENS, dialer_world, routed_boxes, settle
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from tests.unit.dialer_fakes import PREFIX_TOKENS, dialer_world, routed_boxes, settle
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.campaigns import (

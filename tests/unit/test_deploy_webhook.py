@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
-from test_reconciler import PROFILE, FakeClock, FakeEngine, boxes, settle
 
+from tests.unit.test_reconciler import PROFILE, FakeClock, FakeEngine, boxes, settle
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock

@@ -6,7 +6,8 @@ import asyncio
 
 import httpx
 import pytest
-from engine_shapes import (
+
+from tests.unit.engine_shapes import (
     FAST_RETRY,
     LLAMACPP_METRICS,
     SHORT_TIMEOUTS,
@@ -17,7 +18,6 @@ from engine_shapes import (
     openai_completion,
     run,
 )
-
 from warmer.adapters.engines.base import box_url
 from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.engines.llamacpp import LlamaCppEngine

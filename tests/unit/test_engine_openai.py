@@ -6,8 +6,16 @@ import json
 
 import httpx
 import pytest
-from engine_shapes import FAST_RETRY, SHORT_TIMEOUTS, VLLM_METRICS, Script, box, openai_completion, run
 
+from tests.unit.engine_shapes import (
+    FAST_RETRY,
+    SHORT_TIMEOUTS,
+    VLLM_METRICS,
+    Script,
+    box,
+    openai_completion,
+    run,
+)
 from warmer.adapters.engines.base import EngineRejected
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from engine_shapes import FAST_RETRY, SGLANG_METRICS, SHORT_TIMEOUTS, Script, box, run, sglang_generate
 
+from tests.unit.engine_shapes import (
+    FAST_RETRY,
+    SGLANG_METRICS,
+    SHORT_TIMEOUTS,
+    Script,
+    box,
+    run,
+    sglang_generate,
+)
 from warmer.adapters.engines.base import EngineRejected
 from warmer.adapters.engines.sglang import SglangEngine
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported

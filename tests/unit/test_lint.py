@@ -7,8 +7,8 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
-from prompt_helpers import AGENTS_DIR, MODELS_DIR, REPO, byte_tokenize, chatml, spec, word_tokenize
 
+from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR, REPO, byte_tokenize, chatml, spec, word_tokenize
 from warmer.cli import main
 from warmer.cli.prompts import PROMPT_TOOLS_KEY, lint_command, render_command
 from warmer.config.agents import load_agent_specs

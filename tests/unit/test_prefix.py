@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prompt_helpers import byte_tokenize, chatml, spec, tool, word_tokenize
 
+from tests.unit.prompt_helpers import byte_tokenize, chatml, spec, tool, word_tokenize
 from warmer.core.agents import Placeholder, build_request, sample_values
 from warmer.core.chat_template import ChatTemplate, ChatTemplateError
 from warmer.core.errors import ConfigError

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 import pytest
-from dialer_fakes import FakeClock, box_specs, dialer_world, routed_boxes, settle
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
+from tests.unit.dialer_fakes import FakeClock, box_specs, dialer_world, routed_boxes, settle
 from warmer.adapters.store import upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.model import BoxSpec, WarmState
