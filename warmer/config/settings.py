@@ -249,6 +249,20 @@ class ReconcileSettings(_Section):
             "inside Kubernetes' default 30 s termination grace and systemd's TimeoutStopSec."
         ),
     )
+    retire_idle_after_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description=(
+            "Seconds without traffic (calls, pre-call asks; a new agent counts from when it is first seen) "
+            "after which an agent's prefixes stop being kept warm on its boxes; campaigns and pre-call asks "
+            "still warm it. An hour spans a lunch break without paying keepalive touches all night. "
+            "0 means never: keep every assigned agent warm forever."
+        ),
+    )
+
+    def retire_idle_after(self) -> float | None:
+        """The planner's idle cut-off: None (never retire) for 0, since TOML has no null to write."""
+        return self.retire_idle_after_seconds or None
 
 
 class EngineSettings(_Section):

@@ -40,6 +40,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
             ramp_seconds=loop.ramp_seconds,
             ramp_initial_weight=loop.initial_ramp_weight,
             campaign_lead_seconds=settings.dialer.campaign_lead_seconds,
+            retire_idle_after_seconds=loop.retire_idle_after(),
         )
     )
 

@@ -1,0 +1,90 @@
+"""`[reconcile] retire_idle_after_seconds` reaches the planner the root builds, 0 meaning "never retire"."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from warmer.config.settings import Settings, load_settings
+from warmer.core.errors import ConfigError
+from warmer.core.model import BoxSpec, EngineKind, ModelProfile
+from warmer.core.planner import Desired, PlannerConfig, PrefixRef, WarmReason, active_agents
+from warmer.root.reconcile import reconciler_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("WARMER_"):
+            monkeypatch.delenv(name)
+
+
+def _settings_from(tmp_path: Path, reconcile_table: str) -> Settings:
+    path = tmp_path / "warmer.toml"
+    path.write_text(f"[reconcile]\n{reconcile_table}\n")
+    return load_settings(path)
+
+
+def _planner(settings: Settings) -> PlannerConfig:
+    return reconciler_config(settings).planner
+
+
+def _desired(last_seen: float) -> Desired:
+    """One agent on one box, last seen at `last_seen`."""
+    box = BoxSpec(id="b1", base_url="http://127.0.0.1:8091", engine=EngineKind.LLAMACPP, model="m", slots=2)
+    profile = ModelProfile(name="m", engine=EngineKind.LLAMACPP)
+    return Desired(
+        boxes={box.id: box},
+        profiles={profile.name: profile},
+        agents={"agent-a": PrefixRef(hash="h1", tokens=1000)},
+        assignment={"agent-a": (box.id,)},
+        last_activity={"agent-a": last_seen},
+    )
+
+
+def test_the_file_value_reaches_the_planner(tmp_path: Path) -> None:
+    settings = _settings_from(tmp_path, "retire_idle_after_seconds = 1800.0")
+    assert _planner(settings).retire_idle_after_seconds == 1800.0
+
+
+def test_zero_means_keep_every_assigned_agent_warm_forever(tmp_path: Path) -> None:
+    settings = _settings_from(tmp_path, "retire_idle_after_seconds = 0")
+    config = _planner(settings)
+    assert config.retire_idle_after_seconds is None
+    # A day idle and still kept warm.
+    assert active_agents(_desired(last_seen=0.0), now=86400.0, config=config) == {
+        "agent-a": WarmReason.ASSIGNED
+    }
+
+
+def test_an_idle_agent_retires_after_the_configured_time(tmp_path: Path) -> None:
+    config = _planner(_settings_from(tmp_path, "retire_idle_after_seconds = 600"))
+    desired = _desired(last_seen=1000.0)
+    assert active_agents(desired, now=1000.0 + 600.0, config=config) == {"agent-a": WarmReason.ASSIGNED}
+    assert active_agents(desired, now=1000.0 + 601.0, config=config) == {}
+
+
+def test_the_default_is_the_planners_default() -> None:
+    assert Settings().reconcile.retire_idle_after_seconds == PlannerConfig().retire_idle_after_seconds
+    assert _planner(Settings()).retire_idle_after_seconds == PlannerConfig().retire_idle_after_seconds
+
+
+def test_the_environment_overrides_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMER_RECONCILE__RETIRE_IDLE_AFTER_SECONDS", "120")
+    settings = _settings_from(tmp_path, "retire_idle_after_seconds = 1800.0")
+    assert _planner(settings).retire_idle_after_seconds == 120.0
+
+
+def test_a_negative_value_is_refused_by_field_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _settings_from(tmp_path, "retire_idle_after_seconds = -1")
+    assert [path for path, _ in caught.value.problems] == ["reconcile.retire_idle_after_seconds"]
+
+
+def test_the_example_config_sets_it_explicitly() -> None:
+    example = load_settings(REPO / "config" / "example.toml")
+    assert "retire_idle_after_seconds" in example.reconcile.model_fields_set
