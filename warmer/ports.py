@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxSpec,
     CacheStats,
@@ -88,6 +89,11 @@ class StorePort(Protocol):
     async def record_prefix(
         self, agent_id: str, spec_hash: str, prefix: Prefix, *, engine_version: str, at: float
     ) -> None: ...
+
+    async def prefix_token_history(self, model: str, text_hash: str) -> list[TokenCountObservation]:
+        """Recorded token counts of one prefix TEXT (`prefix_hash(text)`, no ids) for one model, oldest
+        first: what tokenizer drift is judged against."""
+        ...
 
     async def get_warm(self, box_id: str, epoch: str, prefix_hash: str) -> WarmRecord | None: ...
 

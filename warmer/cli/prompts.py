@@ -5,10 +5,13 @@ Rendering and tokenizing are offline by default (the model profile's chat templa
 Seam for engine-backed rendering: put a `PromptToolsFactory` under `ctx.meta[PROMPT_TOOLS_KEY]` (e.g. one
 that calls a box's `/apply-template` + `/tokenize`); these commands then use it instead.
 Exit codes: 0 ok, 1 an agent is below `--min-share`, 2 configuration error (so CI can tell them apart).
+`lint` also reports tokenizer drift when the configured database (never created or migrated here) holds
+an earlier token count of the same prefix text that differs materially from today's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Mapping
@@ -16,14 +19,23 @@ from pathlib import Path
 
 import click
 
+from warmer.adapters.store import read_prefix_token_history
 from warmer.config.agents import load_agent_specs
 from warmer.config.loader import load_config
 from warmer.config.profiles import load_profiles
-from warmer.config.tokenizer import offline_renderer, offline_tokenizer
+from warmer.config.settings import Settings
+from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
-from warmer.core.errors import ConfigError
-from warmer.core.lint import AgentLint, Finding, lint_agent, shared_prefixes
-from warmer.core.model import ModelProfile
+from warmer.core.errors import ConfigError, StoreUnavailable
+from warmer.core.lint import (
+    AgentLint,
+    Finding,
+    TokenCountObservation,
+    detect_tokenizer_drift,
+    lint_agent,
+    shared_prefixes,
+)
+from warmer.core.model import ModelProfile, prefix_hash
 from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
 
 PromptToolsFactory = Callable[[ModelProfile], tuple[RenderFn, TokenizeFn]]
@@ -31,6 +43,10 @@ PromptToolsFactory = Callable[[ModelProfile], tuple[RenderFn, TokenizeFn]]
 PROMPT_TOOLS_KEY = "warmer.prompt_tools"
 EXIT_BELOW_MIN_SHARE = 1
 EXIT_CONFIG_ERROR = 2
+# Engine version lint records for its own count when the prompt tools are injected (not the offline
+# profile files): drift is then judged against the newest recorded count of any version.
+INJECTED_TOOLS_VERSION = "lint:injected-tools"
+HISTORY_CONNECT_TIMEOUT_SECONDS = 3.0
 
 
 def offline_prompt_tools(profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
@@ -74,16 +90,24 @@ def _config_options(command: Callable[..., None]) -> Callable[..., None]:
 def _load(
     ctx: click.Context, config_path: Path | None, agents_dir: Path | None, models_dir: Path | None
 ) -> tuple[Mapping[str, AgentSpec], Mapping[str, ModelProfile]]:
+    agents, profiles, _settings = _load_with_settings(ctx, config_path, agents_dir, models_dir)
+    return agents, profiles
+
+
+def _load_with_settings(
+    ctx: click.Context, config_path: Path | None, agents_dir: Path | None, models_dir: Path | None
+) -> tuple[Mapping[str, AgentSpec], Mapping[str, ModelProfile], Settings | None]:
+    """Agents and profiles, plus the settings when they came from a config file (None with --agents-dir)."""
     if config_path is None:  # the `warmer --config` group option (or WARMER_CONFIG), when run under it
         group_path = getattr(ctx.find_root().obj, "config_path", None)
         config_path = group_path if isinstance(group_path, Path) else None
     if agents_dir is not None:
-        return load_agent_specs(agents_dir), load_profiles(models_dir or Path("models"))
+        return load_agent_specs(agents_dir), load_profiles(models_dir or Path("models")), None
     loaded = load_config(config_path)
     if loaded.settings.fleet.agents_dir is None:
         raise ConfigError([("fleet.agents_dir", "no agents configured: set it or pass --agents-dir")])
     agents = {name: spec for name, spec in loaded.agents.items() if isinstance(spec, AgentSpec)}
-    return agents, loaded.profiles
+    return agents, loaded.profiles, loaded.settings
 
 
 def _tools_for(ctx: click.Context, profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
@@ -168,6 +192,43 @@ def render_command(
     click.echo("")
 
 
+def _count_observation(
+    ctx: click.Context, stable: StablePrefix, profile: ModelProfile
+) -> TokenCountObservation:
+    """Today's count of the prefix, labelled as the daemon labels it (offline: the tokenizer file digest),
+    so history recorded by the same tokenizer is not mistaken for an earlier version."""
+    offline = PROMPT_TOOLS_KEY not in ctx.meta
+    version = offline_engine_version(profile) if offline else INJECTED_TOOLS_VERSION
+    return TokenCountObservation(
+        prefix_hash(stable.text), stable.model or profile.name, version, stable.token_count
+    )
+
+
+def _with_drift_findings(
+    settings: Settings | None, results: list[AgentLint], counts: list[TokenCountObservation]
+) -> tuple[list[AgentLint], str | None]:
+    """Add a tokenizer-drift finding to each agent whose prefix text the configured database recorded with
+    a materially different count. Returns the results and, when the history could not be read, why."""
+    if settings is None:
+        return results, None
+    try:
+        history = read_prefix_token_history(
+            settings.database_url(),
+            [(count.model, count.text_hash) for count in counts],
+            connect_timeout_seconds=HISTORY_CONNECT_TIMEOUT_SECONDS,
+        )
+    except StoreUnavailable as exc:
+        # The embedded file not existing yet is the normal state before the daemon first ran: no note.
+        return results, None if settings.database.is_embedded else str(exc)
+    out = []
+    for result, count in zip(results, counts, strict=True):
+        drift = detect_tokenizer_drift(history.get((count.model, count.text_hash), []), count)
+        out.append(
+            result if drift is None else dataclasses.replace(result, findings=(*result.findings, drift))
+        )
+    return out, None
+
+
 def _finding_line(finding: Finding) -> str:
     line = f"  [{finding.severity}] {finding.code}: {finding.message}"
     return line + (f"\n      -> {finding.advice}" if finding.advice else "")
@@ -199,8 +260,9 @@ def lint_command(
     """Per agent: stable-prefix tokens, share of turn 1, where the first per-call value sits, advice."""
     results: list[AgentLint] = []
     stables: list[StablePrefix] = []
+    counts: list[TokenCountObservation] = []
     try:
-        agents, profiles = _load(ctx, config_path, agents_dir, models_dir)
+        agents, profiles, settings = _load_with_settings(ctx, config_path, agents_dir, models_dir)
         unknown = [a for a in agent_ids if a not in agents]
         if unknown:
             raise ConfigError(
@@ -208,13 +270,18 @@ def lint_command(
             )
         for agent_id in agent_ids or tuple(sorted(agents)):
             spec = agents[agent_id]
-            render, tokenize = _tools_for(ctx, _profile_of(spec, profiles))
+            profile = _profile_of(spec, profiles)
+            render, tokenize = _tools_for(ctx, profile)
             stable = compute_stable_prefix(spec, render, tokenize, samples=samples)
             stables.append(stable)
             results.append(lint_agent(spec, render, tokenize, samples=samples, stable=stable))
+            counts.append(_count_observation(ctx, stable, profile))
     except ConfigError as exc:
         _fail(exc)
         return
+    results, history_problem = _with_drift_findings(settings, results, counts)
+    if history_problem is not None:
+        click.echo(f"note: tokenizer drift not checked: {history_problem}", err=True)
     shared = shared_prefixes(stables)
     below = [r for r in results if min_share is not None and r.stable_share < min_share]
 

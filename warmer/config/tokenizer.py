@@ -14,6 +14,7 @@ parsing on, so `<|im_start|>` in the rendered text is one token.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,6 +61,25 @@ def offline_tokenizer(profile: ModelProfile) -> TokenizeFn:
             [(f"profiles.{profile.name}.tokenizer_file", "needed to tokenize offline (or use an engine)")]
         )
     return load_tokenizer(Path(profile.tokenizer_file))
+
+
+def offline_engine_version(profile: ModelProfile) -> str:
+    """What computed an offline prefix, as recorded next to its token count (the drift history):
+    `offline:<profile>:<tokenizer file name>@<sha256 of its bytes, 12 hex>`. The digest, not the name,
+    is what changes when a model update ships a different tokenizer under the same file name, and that
+    is exactly when the same prefix text may start tokenizing to another count."""
+    if not profile.tokenizer_file:
+        raise ConfigError(
+            [(f"profiles.{profile.name}.tokenizer_file", "needed to tokenize offline (or use an engine)")]
+        )
+    path = Path(profile.tokenizer_file)
+    try:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    except OSError as exc:
+        raise ConfigError(
+            [(f"profiles.{profile.name}.tokenizer_file", f"cannot read {path}: {exc}")]
+        ) from None
+    return f"offline:{profile.name}:{path.name}@{digest}"
 
 
 def byte_spm_tokenizer(specials_after_bytes: Sequence[str] = ("<|im_start|>", "<|im_end|>")) -> Tokenizer:

@@ -247,6 +247,24 @@ class TokenCountObservation:
         return cls(prefix_hash(stable.text), stable.model, engine_version, stable.token_count, at)
 
 
+def drift_baseline(
+    history: Sequence[TokenCountObservation], current: TokenCountObservation
+) -> TokenCountObservation | None:
+    """What `current` is compared with: the newest observation of the same prefix text and model under
+    another engine version (None when there is none, or it counted no tokens)."""
+    earlier = [
+        h
+        for h in history
+        if h.text_hash == current.text_hash
+        and h.model == current.model
+        and h.engine_version != current.engine_version
+    ]
+    if not earlier:
+        return None
+    previous = max(earlier, key=lambda h: h.at)
+    return previous if previous.token_count > 0 else None
+
+
 def detect_tokenizer_drift(
     history: Sequence[TokenCountObservation],
     current: TokenCountObservation,
@@ -258,17 +276,8 @@ def detect_tokenizer_drift(
     Compares with the most recent earlier observation of (text_hash, model) under a different engine
     version; `threshold` is the relative change that counts as material (default 5%).
     """
-    earlier = [
-        h
-        for h in history
-        if h.text_hash == current.text_hash
-        and h.model == current.model
-        and h.engine_version != current.engine_version
-    ]
-    if not earlier:
-        return None
-    previous = max(earlier, key=lambda h: h.at)
-    if previous.token_count <= 0:
+    previous = drift_baseline(history, current)
+    if previous is None:
         return None
     change = (current.token_count - previous.token_count) / previous.token_count
     if abs(change) < threshold:

@@ -82,6 +82,19 @@ class ReconcileMetrics:
             ["box"],
             registry=registry,
         )
+        self.tokenizer_drift_ratio = Gauge(
+            "warmer_tokenizer_drift_ratio",
+            "Relative change in the token count of an agent's unchanged prefix text since the previous "
+            "engine/tokenizer version (e.g. 0.08 = 8% more tokens), set when it exceeds the drift threshold.",
+            ["agent", "model"],
+            registry=registry,
+        )
+        self.tokenizer_drifts = Counter(
+            "warmer_tokenizer_drift",
+            "Tokenizer drift findings raised, per model (one per agent prefix that drifted).",
+            ["model"],
+            registry=registry,
+        )
 
     def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
         self.warm_requests.labels(kind=kind, reason=reason, outcome=outcome).inc()
@@ -97,6 +110,10 @@ class ReconcileMetrics:
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         self.boxes_ready.set(boxes_ready)
         self.prefixes_warm.set(prefixes_warm)
+
+    def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
+        self.tokenizer_drift_ratio.labels(agent=agent_id, model=model).set(change)
+        self.tokenizer_drifts.labels(model=model).inc()
 
 
 class GatewaySyncMetrics:

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from pathlib import Path
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from warmer.config.settings import Settings
-from warmer.config.tokenizer import offline_renderer, offline_tokenizer
+from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
 from warmer.core.model import ModelProfile
 from warmer.core.planner import PlannerConfig, WarmBudget
@@ -47,22 +46,29 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
 
 class OfflinePrefixSource:
     """Stable prefixes from the model profile's chat template and tokenizer file, as `warmer render`
-    computes them. The work is CPU-bound (render + tokenize a few samples), so it runs in a thread."""
+    computes them. The work is CPU-bound (render + tokenize a few samples), so it runs in a thread.
+
+    The recorded engine version is the tokenizer file's name and content digest
+    (`offline_engine_version`): what actually counted the tokens, so a replaced tokenizer file shows up
+    as a new version in the drift history. `warmer lint` computes the same string."""
 
     def __init__(self) -> None:
-        self._tools: dict[str, tuple[RenderFn, TokenizeFn]] = {}
+        self._tools: dict[str, tuple[RenderFn, TokenizeFn, str]] = {}
 
-    def _tools_for(self, profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
+    def _tools_for(self, profile: ModelProfile) -> tuple[RenderFn, TokenizeFn, str]:
         tools = self._tools.get(profile.name)
         if tools is None:
-            tools = self._tools[profile.name] = (offline_renderer(profile), offline_tokenizer(profile))
+            tools = self._tools[profile.name] = (
+                offline_renderer(profile),
+                offline_tokenizer(profile),
+                offline_engine_version(profile),
+            )
         return tools
 
     async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix:
-        render, tokenize = self._tools_for(profile)
+        render, tokenize, version = self._tools_for(profile)
         stable = await asyncio.to_thread(compute_stable_prefix, spec, render, tokenize)
-        tokenizer = Path(profile.tokenizer_file or "").name
-        return ComputedPrefix(prefix=stable.as_prefix(), engine_version=f"offline:{profile.name}:{tokenizer}")
+        return ComputedPrefix(prefix=stable.as_prefix(), engine_version=version)
 
 
 async def run_timers(settings: Settings, poke: Callable[[], None], stopping: asyncio.Event) -> None:

@@ -27,6 +27,12 @@ import structlog
 from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
 from warmer.core.errors import ConfigError, StoreError, WarmerError
+from warmer.core.lint import (
+    DEFAULT_DRIFT_THRESHOLD,
+    TokenCountObservation,
+    detect_tokenizer_drift,
+    drift_baseline,
+)
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -37,6 +43,7 @@ from warmer.core.model import (
     Prefix,
     WarmRecord,
     WarmState,
+    prefix_hash,
 )
 from warmer.core.placement import AgentDemand, PlacementConfig, handover, place
 from warmer.core.planner import (
@@ -84,6 +91,7 @@ EVENT_BOX_READY = "box_ready"
 EVENT_BOX_UNHEALTHY = "box_unhealthy"
 EVENT_BOX_HEALTHY = "box_healthy"
 EVENT_RESTART_WARMUP = "restart_warmup"
+EVENT_TOKENIZER_DRIFT = "tokenizer_drift"
 
 
 def _group_key(config: PlacementConfig, demand: AgentDemand) -> tuple[int, bool]:
@@ -126,6 +134,11 @@ class ReconcileObserver(Protocol):
 
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None: ...
 
+    def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
+        """The agent's prefix text now tokenizes to `change` (relative, e.g. +0.08) more tokens than
+        under the previous engine version."""
+        ...
+
 
 class NullObserver:
     """Reports nowhere (unit tests, one-off tools)."""
@@ -142,6 +155,9 @@ class NullObserver:
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         return None
 
+    def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class ReconcilerConfig:
@@ -152,10 +168,15 @@ class ReconcilerConfig:
     # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
     # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
     pending_prompt_timeout_seconds: float = 600.0
+    # relative change in an unchanged prefix text's token count, across engine versions, that is raised
+    # as tokenizer drift (seen in the field: +8% from a tokenizer regression)
+    tokenizer_drift_threshold: float = DEFAULT_DRIFT_THRESHOLD
 
     def __post_init__(self) -> None:
         if self.health_concurrency < 1:
             raise ValueError("health_concurrency must be >= 1")
+        if not 0 < self.tokenizer_drift_threshold < 1:
+            raise ValueError("tokenizer_drift_threshold must be between 0 and 1")
         if self.precall_hold_seconds <= 0:
             raise ValueError("precall_hold_seconds must be > 0")
 
@@ -519,6 +540,7 @@ class Reconciler:
                 await self._store.record_prefix(
                     agent_id, spec.spec_hash, computed.prefix, engine_version=computed.engine_version, at=now
                 )
+                await self._check_tokenizer_drift(agent_id, spec, computed, now)
             except WarmerError as exc:
                 if self._prefix_errors.get(agent_id) != str(exc):
                     self._log.error(
@@ -530,6 +552,50 @@ class Reconciler:
             self._prefix_specs[agent_id] = spec.spec_hash
             self._prefix_errors.pop(agent_id, None)
             self._activity.setdefault(agent_id, now)  # a new agent is warmed before its first call
+
+    async def _check_tokenizer_drift(
+        self, agent_id: str, spec: AgentSpec, computed: ComputedPrefix, now: float
+    ) -> None:
+        """Compare the just-recorded token count of the agent's prefix text with the one recorded under
+        the previous engine version; a material change is logged, appended to the event log and counted.
+
+        Runs whenever a prefix is (re)computed: once per spec version per daemon process, so a drift that
+        is still there after a daemon restart is raised again (and its gauge restored)."""
+        prefix = computed.prefix
+        model = prefix.model or spec.model
+        current = TokenCountObservation(
+            prefix_hash(prefix.text), model, computed.engine_version, prefix.token_count, now
+        )
+        history = await self._store.prefix_token_history(model, current.text_hash)
+        threshold = self._config.tokenizer_drift_threshold
+        finding = detect_tokenizer_drift(history, current, threshold=threshold)
+        previous = drift_baseline(history, current)
+        if finding is None or previous is None:
+            return
+        change = (current.token_count - previous.token_count) / previous.token_count
+        detail: dict[str, object] = {
+            "model": model,
+            "text_hash": current.text_hash,
+            "engine_version_before": previous.engine_version,
+            "engine_version_after": current.engine_version,
+            "tokens_before": previous.token_count,
+            "tokens_after": current.token_count,
+            "change": round(change, 6),
+            "message": finding.message,
+        }
+        self._log.warning(
+            EVENT_TOKENIZER_DRIFT,
+            agent=agent_id,
+            prefix=prefix.hash,
+            change_pct=round(change * 100, 2),
+            **{k: v for k, v in detail.items() if k not in ("change", "message")},
+        )
+        await self._store.append_event(
+            LoggedEvent(
+                at=now, kind=EVENT_TOKENIZER_DRIFT, agent_id=agent_id, prefix_hash=prefix.hash, detail=detail
+            )
+        )
+        self._observer.tokenizer_drift(agent_id, model, change)
 
     async def _refresh_records(self) -> None:
         """The store is the truth: reload the current epochs' rows (a replica or an operator may write)."""
@@ -1129,6 +1195,7 @@ class Reconciler:
         await self._store.record_prefix(
             agent_id, spec.spec_hash, computed.prefix, engine_version=computed.engine_version, at=now
         )
+        await self._check_tokenizer_drift(agent_id, spec, computed, now)
         self._agents[agent_id] = spec
         self._prefixes[agent_id] = computed
         self._prefix_specs[agent_id] = spec.spec_hash

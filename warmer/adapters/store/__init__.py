@@ -1,6 +1,7 @@
 """The warm-state store: SQLAlchemy tables, their Alembic migrations, and `SqlStore` (the StorePort)."""
 
 from warmer.adapters.store.engine import normalize_database_url, sqlite_url_for
+from warmer.adapters.store.history import read_prefix_token_history
 from warmer.adapters.store.migrate import (
     current_revision,
     downgrade_database,
@@ -15,6 +16,7 @@ __all__ = [
     "downgrade_database",
     "head_revision",
     "normalize_database_url",
+    "read_prefix_token_history",
     "sqlite_url_for",
     "upgrade_database",
 ]

@@ -22,6 +22,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session
 
 from warmer.adapters.store.engine import WRITE_OPTION, create_store_engine
+from warmer.adapters.store.history import observations, token_history_query
 from warmer.adapters.store.tables import (
     AgentRow,
     Base,
@@ -35,6 +36,7 @@ from warmer.adapters.store.tables import (
     WebhookEventRow,
 )
 from warmer.core.errors import StoreError, StoreUnavailable
+from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -44,6 +46,7 @@ from warmer.core.model import (
     Prefix,
     WarmRecord,
     WarmState,
+    prefix_hash,
 )
 
 T = TypeVar("T")
@@ -169,7 +172,8 @@ class SqlStore:
         again changes nothing."""
         if not agent_id:
             raise StoreError("agent_id: must not be empty")
-        prefix_hash = prefix.hash
+        id_hash = prefix.hash
+        text_hash = prefix_hash(prefix.text)  # drift key: the text, not the ids (see PrefixVersionRow)
 
         def work(session: Session) -> None:
             self._upsert(
@@ -181,11 +185,12 @@ class SqlStore:
             values = {
                 "agent_id": agent_id,
                 "spec_hash": spec_hash,
-                "prefix_hash": prefix_hash,
+                "prefix_hash": id_hash,
                 "prefix_tokens": prefix.token_count,
                 "model": prefix.model,
                 "engine_version": engine_version,
                 "created_at": at,
+                "text_hash": text_hash,
             }
             inserted = self._insert_if_absent(
                 session, PrefixVersionRow, values, keys=["agent_id", "prefix_hash", "model", "engine_version"]
@@ -196,7 +201,7 @@ class SqlStore:
                         at=at,
                         kind=EVENT_PREFIX_VERSION,
                         agent_id=agent_id,
-                        prefix_hash=prefix_hash,
+                        prefix_hash=id_hash,
                         detail={
                             "spec_hash": spec_hash,
                             "prefix_tokens": prefix.token_count,
@@ -207,6 +212,15 @@ class SqlStore:
                 )
 
         await self._run(work, write=True)
+
+    async def prefix_token_history(self, model: str, text_hash: str) -> list[TokenCountObservation]:
+        """Every recorded token count of one prefix text for one model, oldest first (one per agent,
+        engine version and token-id hash: agents sharing a prefix each contribute their rows)."""
+
+        def work(session: Session) -> list[TokenCountObservation]:
+            return observations(model, text_hash, session.execute(token_history_query(model, text_hash)))
+
+        return await self._run(work, write=False)
 
     # -- warm records -------------------------------------------------------------------------------
 

@@ -87,10 +87,16 @@ class PrefixVersionRow(Base):
 
     Unique per agent as well as per (prefix, model, engine version): two agents with byte-identical
     prefixes share one cache entry on the engine, but each keeps its own history row here.
+    `text_hash` is the prefix TEXT's identity (`prefix_hash(text)` without ids): tokenizer drift is looked
+    up by it, since `prefix_hash` (over token ids) changes exactly when the tokenizer does. NULL on rows
+    written before revision 0002.
     """
 
     __tablename__ = "prefix_versions"
-    __table_args__ = (UniqueConstraint("agent_id", "prefix_hash", "model", "engine_version"),)
+    __table_args__ = (
+        UniqueConstraint("agent_id", "prefix_hash", "model", "engine_version"),
+        Index("ix_prefix_versions_model_text_hash", "model", "text_hash"),
+    )
 
     id: Mapped[int] = mapped_column(EVENT_ID_TYPE, primary_key=True, autoincrement=True)
     agent_id: Mapped[str] = mapped_column(
@@ -102,6 +108,7 @@ class PrefixVersionRow(Base):
     model: Mapped[str] = mapped_column(String(200))
     engine_version: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[float] = mapped_column(Double)
+    text_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class WarmRecordRow(Base):
