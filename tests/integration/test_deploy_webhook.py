@@ -16,161 +16,51 @@ Bounded waits only, no timing assertions.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from testbed.fleet import LlamaFleet
+from tests.integration.daemon_harness import (
+    AGENT,
+    AGENTS_DIR,
+    FleetFactory,
+    LlamaDaemon,
+    llama_daemon,
+    stable_prefix,
+    turn1_cached_tokens,
+)
 from warmer.config.agents import agent_spec_from_data, load_agent_specs
-from warmer.config.profiles import load_profile
-from warmer.config.tokenizer import offline_renderer, offline_tokenizer
-from warmer.core.agents import AgentSpec, build_request, sample_values
-from warmer.core.prefix import StablePrefix, compute_stable_prefix
+from warmer.core.agents import AgentSpec
 from warmer.core.webhook import SIGNATURE_HEADER, sign_body
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-AGENTS_DIR = REPO / "config" / "agents"
-MODELS_DIR = REPO / "models"
-AGENT = "outbound-sales"
 SECRET = "integration-webhook-secret"
-FRESH_CALL = 7  # a sample index the stable-prefix computation never rendered
-READY_TIMEOUT_SECONDS = 240.0  # a loaded 2-core machine: bounds, not expectations
-
-FleetFactory = Callable[..., LlamaFleet]
-
-
-def warmer_script() -> str:
-    script = shutil.which("warmer", path=str(Path(sys.executable).parent))
-    assert script is not None, "the `warmer` console script is installed next to the interpreter"
-    return script
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def write_config(tmp_path: Path, fleet: LlamaFleet, port: int) -> Path:
-    agents = tmp_path / "agents"
-    agents.mkdir()
-    shutil.copy(AGENTS_DIR / f"{AGENT}.toml", agents)
-    shutil.copy(AGENTS_DIR / f"{AGENT}.tools.json", agents)
-    shutil.copytree(AGENTS_DIR / AGENT, agents / AGENT)
-    boxes = "\n".join(
-        f'[[fleet.boxes]]\nid = "{box.id}"\nbase_url = "{box.base_url}"\nengine = "llamacpp"\n'
-        f'model = "tiny-demo"\nslots = 2\n'
-        for box in fleet.boxes
-    )
-    config = tmp_path / "warmer.toml"
-    config.write_text(
-        f"""
-[database]
-state_dir = "{tmp_path / "state"}"
-
-[api]
-host = "127.0.0.1"
-port = {port}
-webhook_secret = "{SECRET}"
-webhook_tolerance_seconds = 300
-
-[reconcile]
-interval_seconds = 0.5
-health_poll_seconds = 0.5
-ramp_seconds = 2.0
-shutdown_grace_seconds = 5.0
-
-[logging]
-format = "json"
-
-[fleet]
-models_dir = "{MODELS_DIR}"
-agents_dir = "{agents}"
-
-{boxes}
-"""
-    )
-    return config
-
-
-@dataclass
-class Daemon:
-    fleet: LlamaFleet
-    process: subprocess.Popen[str]
-    base_url: str
-    log: Path
-
-    def wait(self, what: str, check: Callable[[], bool], timeout: float = READY_TIMEOUT_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, f"serve exited:\n{self.log.read_text()[-5000:]}"
-            try:
-                if check():
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.log.read_text()[-5000:]}")
-
-    def routes(self) -> tuple[str, list[str]]:
-        """(the agent's current prefix hash, its routed boxes) as `/v1/routes` says."""
-        response = httpx.get(f"{self.base_url}/v1/routes", timeout=10)
-        response.raise_for_status()
-        agent = response.json()["routes"].get(AGENT)
-        if agent is None:  # no reconcile pass yet
-            return "", []
-        return agent["prefix_hash"], sorted(route["box_id"] for route in agent["routes"])
-
-    def box(self, box_id: str) -> dict[str, Any]:
-        response = httpx.get(f"{self.base_url}/v1/boxes/{box_id}", timeout=10)
-        response.raise_for_status()
-        result: dict[str, Any] = response.json()
-        return result
-
-    def post(self, body: bytes, signature: str | None) -> httpx.Response:
-        headers = {"content-type": "application/json"}
-        if signature is not None:
-            headers[SIGNATURE_HEADER] = signature
-        return httpx.post(f"{self.base_url}/v1/events/deploy", content=body, headers=headers, timeout=30)
-
-    def send(self, event: dict[str, Any], *, age: float = 0.0, secret: str = SECRET) -> httpx.Response:
-        body = json.dumps(event).encode()
-        return self.post(body, sign_body(body, secret, int(time.time() - age)))
+WEBHOOK_API = f'webhook_secret = "{SECRET}"\nwebhook_tolerance_seconds = 300\n'
 
 
 @pytest.fixture
-def daemon(llama_fleet_factory: FleetFactory, tmp_path: Path) -> Iterator[Daemon]:
-    fleet = llama_fleet_factory(2, slots=2, ctx_per_slot=4096)
-    port = free_port()
-    config = write_config(tmp_path, fleet, port)
-    log_path = tmp_path / "serve.log"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("WARMER_")}
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [warmer_script(), "--config", str(config), "serve"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-    try:
-        yield Daemon(fleet, process, f"http://127.0.0.1:{port}", log_path)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
+def daemon(llama_fleet_factory: FleetFactory, tmp_path: Path) -> Iterator[LlamaDaemon]:
+    with llama_daemon(llama_fleet_factory, tmp_path, api_extra=WEBHOOK_API) as started:
+        yield started
+
+
+def post(daemon: LlamaDaemon, body: bytes, signature: str | None) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    if signature is not None:
+        headers[SIGNATURE_HEADER] = signature
+    return httpx.post(f"{daemon.base_url}/v1/events/deploy", content=body, headers=headers, timeout=30)
+
+
+def send(
+    daemon: LlamaDaemon, event: dict[str, Any], *, age: float = 0.0, secret: str = SECRET
+) -> httpx.Response:
+    body = json.dumps(event).encode()
+    return post(daemon, body, sign_body(body, secret, int(time.time() - age)))
 
 
 def inline_spec(agent: AgentSpec) -> dict[str, Any]:
@@ -196,31 +86,15 @@ def inline_spec(agent: AgentSpec) -> dict[str, Any]:
     return data
 
 
-def stable_prefix(agent: AgentSpec) -> StablePrefix:
-    profile = load_profile(MODELS_DIR / "tiny-demo.toml")
-    return compute_stable_prefix(agent, offline_renderer(profile), offline_tokenizer(profile))
-
-
-def turn1_cached_tokens(box_url: str, agent: AgentSpec) -> int:
-    """A real first turn (full prompt, fresh per-call values) on the box: tokens the engine reused."""
-    profile = load_profile(MODELS_DIR / "tiny-demo.toml")
-    request = build_request(agent, sample_values(agent, FRESH_CALL))
-    prompt = offline_renderer(profile)(request.messages, request.tools)
-    body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": True}
-    response = httpx.post(f"{box_url}/completion", json=body, timeout=300)
-    response.raise_for_status()
-    return int(response.json()["timings"]["cache_n"])
-
-
 def event(kind: str, event_id: str, **fields: Any) -> dict[str, Any]:
     return {"id": event_id, "kind": kind, "occurred_at": time.time(), **fields}
 
 
-def test_signed_deploy_events_on_a_real_daemon_and_fleet(daemon: Daemon) -> None:
+def test_signed_deploy_events_on_a_real_daemon_and_fleet(daemon: LlamaDaemon) -> None:
     box_ids = sorted(box.id for box in daemon.fleet.boxes)
     old_agent = load_agent_specs(AGENTS_DIR)[AGENT]
     old = stable_prefix(old_agent)
-    daemon.wait("both boxes routed for the agent", lambda: daemon.routes() == (old.hash, box_ids))
+    daemon.wait("both boxes routed for the agent", lambda: daemon.agent_routes() == (old.hash, box_ids))
 
     # ---- 1. a prompt change: warm on the agent's boxes first, then the routes switch ----------------
     spec = inline_spec(old_agent)
@@ -234,7 +108,7 @@ def test_signed_deploy_events_on_a_real_daemon_and_fleet(daemon: Daemon) -> None
     change = event("agent.prompt_changed", "prompt-1", agent_id=AGENT, spec=spec)
     change_body = json.dumps(change).encode()
     change_signature = sign_body(change_body, SECRET, int(time.time()))
-    accepted = daemon.post(change_body, change_signature)
+    accepted = post(daemon, change_body, change_signature)
     assert accepted.status_code == 202, accepted.text
     assert accepted.json()["event_id"] == "prompt-1"
 
@@ -242,7 +116,7 @@ def test_signed_deploy_events_on_a_real_daemon_and_fleet(daemon: Daemon) -> None
     checked_on_engine: dict[str, int] = {}
 
     def switched() -> bool:
-        prefix_hash, routed = daemon.routes()
+        prefix_hash, routed = daemon.agent_routes()
         if prefix_hash == old.hash:
             seen_before_switch.append((prefix_hash, routed))
             return False
@@ -272,32 +146,34 @@ def test_signed_deploy_events_on_a_real_daemon_and_fleet(daemon: Daemon) -> None
     epochs = {box_id: daemon.box(box_id)["epoch"] for box_id in box_ids}
     drain_all = event("rollout.started", "evil-1", box_ids=box_ids)
     drain_body = json.dumps(drain_all).encode()
-    forged = daemon.post(drain_body, sign_body(drain_body, "not-the-secret", int(time.time())))
-    stale = daemon.post(drain_body, sign_body(drain_body, SECRET, int(time.time()) - 400))
-    unsigned = daemon.post(drain_body, None)
+    forged = post(daemon, drain_body, sign_body(drain_body, "not-the-secret", int(time.time())))
+    stale = post(daemon, drain_body, sign_body(drain_body, SECRET, int(time.time()) - 400))
+    unsigned = post(daemon, drain_body, None)
     assert [r.status_code for r in (forged, stale, unsigned)] == [401, 401, 401]
     assert [r.json()["outcome"] for r in (forged, stale, unsigned)] == ["forged", "stale", "unsigned"]
-    replayed = daemon.post(change_body, change_signature)  # the accepted prompt change, byte for byte
+    replayed = post(daemon, change_body, change_signature)  # the accepted prompt change, byte for byte
     assert replayed.status_code == 200
     assert replayed.json()["duplicate"] is True
     time.sleep(1.5)  # three reconcile intervals: a change, had there been one, would show
-    assert daemon.routes() == (new.hash, box_ids)
+    assert daemon.agent_routes() == (new.hash, box_ids)
     assert {box_id: daemon.box(box_id)["epoch"] for box_id in box_ids} == epochs
 
     # ---- 3. a rollout: out at once, restarted, back warm as a new epoch ---------------------------------
     rolled = box_ids[0]
-    started = daemon.send(event("rollout.started", "roll-1", box_ids=[rolled]))
+    started = send(daemon, event("rollout.started", "roll-1", box_ids=[rolled]))
     assert started.status_code == 202, started.text
-    assert daemon.routes() == (new.hash, [box_ids[1]])  # at once: the very next read
+    assert daemon.agent_routes() == (new.hash, [box_ids[1]])  # at once: the very next read
     ready = httpx.get(f"{daemon.base_url}/v1/boxes/{rolled}/ready", timeout=10)
     assert ready.status_code == 503
     daemon.fleet.restart(rolled)
     time.sleep(1.5)  # the engine is healthy again, but the rollout is not finished: it stays out
-    assert daemon.routes() == (new.hash, [box_ids[1]])
+    assert daemon.agent_routes() == (new.hash, [box_ids[1]])
 
-    finished = daemon.send(event("rollout.finished", "roll-2", box_ids=[rolled]))
+    finished = send(daemon, event("rollout.finished", "roll-2", box_ids=[rolled]))
     assert finished.status_code == 202, finished.text
-    daemon.wait("the rolled box to return to the routes", lambda: daemon.routes() == (new.hash, box_ids))
+    daemon.wait(
+        "the rolled box to return to the routes", lambda: daemon.agent_routes() == (new.hash, box_ids)
+    )
     back = daemon.box(rolled)
     assert back["epoch"] != epochs[rolled]
     assert "~rollout-" in back["epoch"]

@@ -7,16 +7,14 @@ the boxes' own `/metrics` counters (llama-server `--metrics`): prompt tokens pro
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from testbed.fleet import LlamaBox, LlamaFleet, free_loopback_port, log_tail
+from testbed.fleet import LlamaBox, LlamaFleet
+from tests.integration.router_harness import running_router
 from warmer.adapters.gateway.sglang_router import SglangRouterGateway
 from warmer.core.hitrate import cache_stats_from_metrics
 from warmer.core.model import BoxSpec, EngineKind
@@ -34,41 +32,8 @@ def anyio_backend() -> str:
 @pytest.fixture
 def router_url(tmp_path: Path) -> Iterator[str]:
     """A real sglang-router on a free loopback port, with no initial workers; stopped by PID."""
-    port = free_loopback_port()
-    log_path = tmp_path / "sglang-router.log"
-    command = [
-        sys.executable, "-m", "sglang_router.launch_router",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--policy", "round_robin",
-        "--health-check-interval-secs", "1",
-        "--log-level", "warn",
-        # its Prometheus exporter binds a port of its own (default 29000): give it a free one too
-        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_loopback_port()),
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"sglang-router exited with {proc.returncode}:\n{log_tail(log_path)}")
-            try:
-                if httpx.get(f"{url}/workers", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"sglang-router did not answer /workers:\n{log_tail(log_path)}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with running_router(tmp_path / "sglang-router.log") as router:
+        yield router.url
 
 
 def spec(box: LlamaBox) -> BoxSpec:

@@ -3,22 +3,19 @@ non-zero exit with a message on a fatal configuration."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import socket
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from testbed.fleet import free_loopback_port
+from tests.integration.daemon_harness import REPO, Serve, clean_env, running_serve, warmer_script
+
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "config" / "example.toml"
 GRACE_SECONDS = 5
 # Generous bounds for a loaded 2-core CI machine; these are timeouts, not performance assertions.
@@ -26,69 +23,30 @@ START_TIMEOUT_SECONDS = 120
 STOP_TIMEOUT_SECONDS = GRACE_SECONDS + 30
 
 
-def warmer_script() -> str:
-    script = shutil.which("warmer", path=str(Path(sys.executable).parent))
-    assert script is not None, "the `warmer` console script is installed next to the interpreter"
-    return script
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def clean_env(**overrides: str) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("WARMER_")}
-    env.update(overrides)
-    return env
-
-
 @pytest.fixture
-def serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
-    port = free_port()
-    state_dir = tmp_path / "state"
-    log_path = tmp_path / "serve.log"
+def serve(tmp_path: Path) -> Iterator[Serve]:
+    port = free_loopback_port()
     env = clean_env(
         WARMER_API__PORT=str(port),
-        WARMER_DATABASE__STATE_DIR=str(state_dir),
+        WARMER_DATABASE__STATE_DIR=str(tmp_path / "state"),
         WARMER_RECONCILE__SHUTDOWN_GRACE_SECONDS=str(GRACE_SECONDS),
         WARMER_LOGGING__FORMAT="json",
     )
-    with log_path.open("w") as log:
-        process = subprocess.Popen(
-            [warmer_script(), "--config", str(EXAMPLE), "serve"],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env,
-        )
-    try:
-        yield process, f"http://127.0.0.1:{port}", log_path
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=30)
+    with running_serve(EXAMPLE, port, tmp_path / "serve.log", env=env) as started:
+        yield started
 
 
-def wait_for_health(process: subprocess.Popen[str], base_url: str, log_path: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"serve exited with {process.returncode}:\n{log_path.read_text()}"
-        try:
-            if httpx.get(f"{base_url}/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"serve did not answer /healthz:\n{log_path.read_text()}")
+def wait_for_health(serve: Serve) -> None:
+    serve.wait(
+        "serve to answer /healthz",
+        lambda: httpx.get(f"{serve.base_url}/healthz", timeout=2).status_code == 200,
+        START_TIMEOUT_SECONDS,
+    )
 
 
-def test_serve_answers_and_stops_cleanly_on_sigterm(
-    serve: tuple[subprocess.Popen[str], str, Path], tmp_path: Path
-) -> None:
-    process, base_url, log_path = serve
-    wait_for_health(process, base_url, log_path)
+def test_serve_answers_and_stops_cleanly_on_sigterm(serve: Serve, tmp_path: Path) -> None:
+    base_url = serve.base_url
+    wait_for_health(serve)
 
     assert httpx.get(f"{base_url}/healthz", timeout=5).json() == {"status": "ok"}
     ready = httpx.get(f"{base_url}/readyz", timeout=5)
@@ -100,9 +58,8 @@ def test_serve_answers_and_stops_cleanly_on_sigterm(
     # serve migrated the embedded SQLite file by itself.
     assert (tmp_path / "state" / "warmer.db").is_file()
 
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=STOP_TIMEOUT_SECONDS) == 0, log_path.read_text()
-    log = log_path.read_text()
+    serve.stop(STOP_TIMEOUT_SECONDS)
+    log = serve.log.read_text()
     assert '"event": "stopping"' in log
     assert "SIGTERM" in log
     assert '"event": "warmer stopped"' in log

@@ -13,8 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from tests.unit.dialer_fakes import PREFIX_TOKENS, dialer_world, routed_boxes, settle
-from warmer.adapters.store import SqlStore, upgrade_database
+from tests.unit.reconciler_fakes import PREFIX_TOKENS, routed_boxes, settle, world
+from warmer.adapters.store import SqlStore
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.campaigns import (
     CampaignDraft,
@@ -38,13 +38,6 @@ from warmer.service.campaigns import (
 
 T0 = 1_700_000_000.0
 TOKEN = "dialer-token"
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'warmer.db'}"
-    upgrade_database(url)
-    return url
 
 
 # ------------------------------------------------------------------------------------------ validation
@@ -268,7 +261,7 @@ def test_a_campaign_gets_its_prefix_warm_before_the_window_keeps_it_warm_and_rel
     )
 
     async def scenario() -> None:
-        w = dialer_world(store_url, planner=planner)
+        w = world(store_url, planner=planner)
         await settle(w.reconciler)  # restart warm-ups; the new agent is warmed once, then goes idle
         w.clock.t += 120.0
         await settle(w.reconciler)
@@ -329,14 +322,14 @@ def test_a_campaign_survives_a_daemon_restart_because_it_lives_in_the_store(stor
     )
 
     async def scenario() -> None:
-        first = dialer_world(store_url, planner=planner)
+        first = world(store_url, planner=planner)
         service = CampaignService(lambda: first.store, lambda: {"sales"}, on_change=first.reconciler.poke)
         starts = first.clock.t + 3600.0
         await service.put(CampaignDraft("night", "sales", starts, starts + 600, 10))
         await first.reconciler.close()
         await first.store.close()
 
-        second = dialer_world(store_url, planner=planner)  # a new daemon over the same database
+        second = world(store_url, planner=planner)  # a new daemon over the same database
         second.clock.t = starts - 100.0
         await settle(second.reconciler)
         assert routed_boxes(second.reconciler, "sales") == ["b1", "b2"]
@@ -355,7 +348,7 @@ def test_campaign_volume_widens_the_agents_group_and_narrows_it_after(store_url:
     placement = PlacementConfig(min_group_size=2, max_group_size=6, calls_per_minute_per_box=10.0)
 
     async def scenario() -> None:
-        w = dialer_world(store_url, box_ids=boxes, planner=planner, placement=placement)
+        w = world(store_url, box_ids=boxes, planner=planner, placement=placement)
         await settle(w.reconciler)
         assert len(routed_boxes(w.reconciler, "sales")) == 2
         starts = w.clock.t + 600.0

@@ -15,28 +15,16 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.test_reconciler import PROFILE, FakeClock, FakeEngine, boxes, settle
+from tests.unit.reconciler_fakes import FakeClock, FakeEngine, SpecTextPrefixSource, agent, settle, world
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
-from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
-from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmState
-from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.model import BoxSpec, WarmState
 from warmer.core.webhook import SIGNATURE_HEADER, BoxUrlPolicy, sign_body
 from warmer.service.deploy import DeployResult, DeployService, WebhookConfig, rollout_epoch_tag
-from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
+from warmer.service.reconciler import Reconciler
 
 SECRET = "deploy-secret"
 ALLOWED = ("http://10.0.9.*:8080",)
-
-
-class SpecPrefixSource:
-    """A prefix that depends on the spec's static text, so a prompt change changes the prefix."""
-
-    async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix:
-        text = "\n".join(block.text for block in spec.blocks)
-        ids = tuple([1] + [ord(c) % 250 + 3 for c in text] + [7] * 200)
-        return ComputedPrefix(Prefix(text=text, token_count=len(ids), token_ids=ids), "fake")
 
 
 def spec_data(text: str) -> dict[str, Any]:
@@ -46,16 +34,6 @@ def spec_data(text: str) -> dict[str, Any]:
         "dynamic": {"template": "Customer: {customer_name}"},
         "placeholders": {"customer_name": "name"},
     }
-
-
-def agent(agent_id: str, text: str) -> AgentSpec:
-    return AgentSpec(
-        id=agent_id,
-        model="m",
-        blocks=(StaticBlock("persona", text),),
-        tail=DynamicTail("Customer: {customer_name}"),
-        placeholders=(Placeholder("customer_name", "name"),),
-    )
 
 
 @dataclass
@@ -110,22 +88,12 @@ async def _ready() -> Readiness:
 def hook(tmp_path: Path) -> Hook:
     url = f"sqlite:///{tmp_path / 'warmer.db'}"
     upgrade_database(url)
-    engine = FakeEngine(["b1", "b2"])
-    clock = FakeClock()
-    store = SqlStore.from_url(url)
-    reconciler = Reconciler(
-        engine=engine,
-        store=store,
-        clock=clock,
-        boxes=boxes("b1", "b2"),
-        profiles={"m": PROFILE},
-        agents={"sales": agent("sales", "You sell things. Version one.")},
-        prefix_source=SpecPrefixSource(),
-        config=ReconcilerConfig(
-            planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
-            placement=PlacementConfig(min_group_size=2),
-        ),
+    built = world(
+        url,
+        specs={"sales": agent("sales", "You sell things. Version one.")},
+        source=SpecTextPrefixSource(),
     )
+    reconciler, engine, store, clock = built.reconciler, built.engine, built.store, built.clock
     results: list[DeployResult] = []
     registered: list[list[str]] = []
 
@@ -142,10 +110,10 @@ def hook(tmp_path: Path) -> Hook:
         on_fleet_change=on_fleet_change,
         on_result=results.append,
     )
-    world = Hook(reconciler, engine, store, clock, service, results, registered)
-    world.settle()
-    assert world.routes()[1] == ["b1", "b2"]
-    return world
+    hooked = Hook(reconciler, engine, store, clock, service, results, registered)
+    hooked.settle()
+    assert hooked.routes()[1] == ["b1", "b2"]
+    return hooked
 
 
 def event(kind: str, event_id: str, **fields: Any) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import random
 from collections import Counter
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,8 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from tests.unit.dialer_fakes import FakeClock, box_specs, dialer_world, routed_boxes, settle
-from warmer.adapters.store import upgrade_database
+from tests.unit.reconciler_fakes import FakeClock, routed_boxes, settle, world
+from tests.unit.reconciler_fakes import boxes as box_specs
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.model import BoxSpec, WarmState
 from warmer.core.planner import PlannerConfig, Route, WarmBudget
@@ -37,13 +36,6 @@ from warmer.service.prewarm import (
 TOKEN = "dialer-token"
 
 
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'warmer.db'}"
-    upgrade_database(url)
-    return url
-
-
 @dataclass(frozen=True)
 class Answer:
     box_id: str | None
@@ -59,9 +51,7 @@ class FakeBackend:
 
     answer: Answer
     routes: tuple[Route, ...] = ()
-    boxes: dict[str, BoxSpec] = field(
-        default_factory=lambda: {b.id: b for b in box_specs(["b1", "b2", "b3"])}
-    )
+    boxes: dict[str, BoxSpec] = field(default_factory=lambda: {b.id: b for b in box_specs("b1", "b2", "b3")})
     asked: list[tuple[str, float]] = field(default_factory=list)
     clock: FakeClock | None = None
     takes_seconds: float = 0.0
@@ -236,7 +226,7 @@ def test_a_burst_of_1000_asks_for_a_cold_agent_sends_exactly_one_warm_per_box(st
     )
 
     async def scenario() -> None:
-        w = dialer_world(store_url, box_ids=("b1", "b2", "b3"), planner=planner)
+        w = world(store_url, box_ids=("b1", "b2", "b3"), planner=planner)
         agents = {"sales"}
         service = PrewarmService(
             ReconcilerBackend(lambda: w.reconciler, lambda: agents), w.clock, max_wait_seconds=10.0

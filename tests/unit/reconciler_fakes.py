@@ -1,0 +1,262 @@
+"""Fakes at our own seams for tests that drive the real Reconciler: a clock that never sleeps, an engine
+port that keeps a per-box prefix cache and logs/counts every request it receives (the way a real engine's
+counters would), a per-agent prefix source, and a builder for the whole world over a real SqlStore."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from warmer.adapters.store import SqlStore
+from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
+from warmer.core.errors import EngineError, NotSupported
+from warmer.core.model import (
+    BoxSpec,
+    CacheStats,
+    CompletionReport,
+    EngineKind,
+    ModelProfile,
+    Prefix,
+    RestartRecipe,
+)
+from warmer.core.placement import PlacementConfig
+from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
+
+PREFIX_TOKENS = 500
+PROFILE = ModelProfile(
+    name="m",
+    engine=EngineKind.LLAMACPP,
+    slots=2,
+    context_length=1024,
+    keepalive_seconds=240.0,
+    restart=RestartRecipe(burst_levels=(1, 4), long_prefill_margin_tokens=64),
+)
+PROBE_MARK = "\n#probe"
+
+
+class FakeClock:
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.t = start
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class FakeBox:
+    healthy: bool = True
+    generation: int = 0
+    cache: set[tuple[int, ...]] = field(default_factory=set)
+
+
+class FakeEngine:
+    """Per-box prefix caches and a request log.
+
+    `log` holds (box, warm|probe|prompt, detail); `warm_requests[box]` / `probe_requests[box]` count prefix
+    requests and `prefix_log` holds (box, warm|probe, clock time) when a `clock` is set. `gate`, when set,
+    holds every warm/probe request until it is opened (so a burst piles up behind a warm)."""
+
+    def __init__(self, box_ids: Sequence[str], *, space_tokens: int = 1) -> None:
+        self.boxes = {box_id: FakeBox() for box_id in box_ids}
+        self.log: list[tuple[str, str, str]] = []  # (box, kind, detail)
+        self.prompts: list[tuple[str, str, dict[str, object] | None, float]] = []
+        self.warm_requests: Counter[str] = Counter()
+        self.probe_requests: Counter[str] = Counter()
+        self.prefix_log: list[tuple[str, str, float]] = []  # (box, warm|probe, clock time)
+        self.in_flight_prompts = 0
+        self.max_in_flight_prompts = 0
+        self.gate: asyncio.Event | None = None
+        self.clock: FakeClock | None = None
+        self.fail_constrained = False
+        self.space_tokens = space_tokens
+
+    def restart(self, box_id: str) -> None:
+        box = self.boxes[box_id]
+        box.generation += 1
+        box.cache.clear()
+
+    def warms(self, box_id: str | None = None) -> list[tuple[str, str, str]]:
+        return [e for e in self.log if e[1] == "warm" and (box_id is None or e[0] == box_id)]
+
+    def probes(self, box_id: str | None = None) -> list[tuple[str, str, str]]:
+        return [e for e in self.log if e[1] == "probe" and (box_id is None or e[0] == box_id)]
+
+    async def health(self, box: BoxSpec) -> bool:
+        return self.boxes[box.id].healthy
+
+    async def epoch(self, box: BoxSpec) -> str:
+        return f"gen-{self.boxes[box.id].generation}"
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+    ) -> CompletionReport:
+        if self.gate is not None:
+            await self.gate.wait()
+        kind = "probe" if suffix.startswith(PROBE_MARK) else "warm"
+        self.log.append((box.id, kind, suffix))
+        (self.probe_requests if kind == "probe" else self.warm_requests)[box.id] += 1
+        self.prefix_log.append((box.id, kind, self.clock.now() if self.clock is not None else 0.0))
+        assert prefix.token_ids is not None
+        cache = self.boxes[box.id].cache
+        hit = prefix.token_ids in cache
+        cache.add(prefix.token_ids)
+        cached = prefix.token_count - 1 if hit else 0  # llama.cpp recomputes the last prompt token
+        return CompletionReport(
+            prompt_tokens=prefix.token_count + len(suffix),
+            cached_tokens=cached,
+            wall_seconds=0.0,
+            engine_seconds=0.001,
+        )
+
+    async def complete_prompt(
+        self,
+        box: BoxSpec,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        json_schema: dict[str, object] | None = None,
+    ) -> CompletionReport:
+        self.log.append((box.id, "prompt", prompt[:20]))
+        self.prompts.append((box.id, prompt, json_schema, temperature))
+        if json_schema is not None and self.fail_constrained:
+            raise EngineError(box.id, "grammar backend crashed")
+        self.in_flight_prompts += 1
+        self.max_in_flight_prompts = max(self.max_in_flight_prompts, self.in_flight_prompts)
+        await asyncio.sleep(0)  # let a concurrent burst overlap
+        self.in_flight_prompts -= 1
+        tokens = len(await self.tokenize(box, prompt))
+        return CompletionReport(prompt_tokens=tokens, cached_tokens=0, wall_seconds=0.0, engine_seconds=0.01)
+
+    async def render_chat(
+        self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
+    ) -> str:
+        raise NotSupported(box.id, "fake")
+
+    async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
+        # BOS + one token per char, a space costs `space_tokens` (the SPM byte vocabulary spends 3).
+        return [1] + [0] * (len(text) + text.count(" ") * (self.space_tokens - 1))
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        raise NotSupported(box.id, "fake")
+
+
+def agent(agent_id: str, text: str | None = None) -> AgentSpec:
+    """A one-block agent on model "m"; `text` is its persona block (default: "You are {agent_id}.")."""
+    return AgentSpec(
+        id=agent_id,
+        model="m",
+        blocks=(StaticBlock("persona", f"You are {agent_id}." if text is None else text),),
+        tail=DynamicTail("Customer: {customer_name}"),
+        placeholders=(Placeholder("customer_name", "name"),),
+    )
+
+
+class FakePrefixSource:
+    """A distinct prefix per agent, PREFIX_TOKENS long, as token ids (what the offline source yields)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix:
+        self.calls.append(spec.id)
+        return self.compute(spec)
+
+    def compute(self, spec: AgentSpec) -> ComputedPrefix:
+        seed = sum(map(ord, spec.id))
+        ids = tuple([1] + [(seed + i) % 250 + 3 for i in range(PREFIX_TOKENS - 1)])
+        return ComputedPrefix(
+            Prefix(text=f"prefix of {spec.id}", token_count=len(ids), token_ids=ids), "fake"
+        )
+
+
+class SpecTextPrefixSource(FakePrefixSource):
+    """A prefix that depends on the spec's static text, so a prompt change changes the prefix."""
+
+    def compute(self, spec: AgentSpec) -> ComputedPrefix:
+        text = "\n".join(block.text for block in spec.blocks)
+        ids = tuple([1] + [ord(c) % 250 + 3 for c in text] + [7] * 200)
+        return ComputedPrefix(Prefix(text=text, token_count=len(ids), token_ids=ids), "fake")
+
+
+def boxes(*box_ids: str) -> list[BoxSpec]:
+    return [
+        BoxSpec(id=b, base_url=f"http://{b}:8080", engine=EngineKind.LLAMACPP, model="m", slots=2)
+        for b in box_ids
+    ]
+
+
+@dataclass
+class World:
+    reconciler: Reconciler
+    engine: FakeEngine
+    store: SqlStore
+    clock: FakeClock
+    source: FakePrefixSource
+
+
+def world(
+    store_url: str,
+    box_ids: Sequence[str] = ("b1", "b2"),
+    agents: Sequence[str] = ("sales",),
+    *,
+    planner: PlannerConfig | None = None,
+    placement: PlacementConfig | None = None,
+    engine: FakeEngine | None = None,
+    clock: FakeClock | None = None,
+    min_group: int = 2,
+    specs: Mapping[str, AgentSpec] | None = None,
+    source: FakePrefixSource | None = None,
+    demand: Callable[[], Mapping[str, float]] | None = None,
+) -> World:
+    """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
+
+    `specs` overrides the default `agent(id)` for each of `agents`; `placement` overrides `min_group`."""
+    engine = engine or FakeEngine(box_ids)
+    clock = clock or FakeClock()
+    if engine.clock is None:
+        engine.clock = clock
+    store = SqlStore.from_url(store_url)
+    source = source or FakePrefixSource()
+    reconciler = Reconciler(
+        engine=engine,
+        store=store,
+        clock=clock,
+        boxes=boxes(*box_ids),
+        profiles={"m": PROFILE},
+        agents=dict(specs) if specs is not None else {a: agent(a) for a in agents},
+        prefix_source=source,
+        config=ReconcilerConfig(
+            planner=planner or PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
+            placement=placement or PlacementConfig(min_group_size=min_group),
+        ),
+        demand=demand,
+    )
+    return World(reconciler, engine, store, clock, source)
+
+
+async def settle(reconciler: Reconciler, rounds: int = 10) -> None:
+    """Tick and let every started action finish, a bounded number of times (no sleeping)."""
+    for _ in range(rounds):
+        await reconciler.tick()
+        await reconciler.drain()
+    await reconciler.tick()
+
+
+def route_boxes(reconciler: Reconciler, agent_id: str) -> list[str]:
+    """The agent's routed boxes in route order."""
+    return [route.box_id for route in reconciler.snapshot().routes().get(agent_id, ())]
+
+
+def routed_boxes(reconciler: Reconciler, agent_id: str) -> list[str]:
+    """The agent's routed boxes, sorted."""
+    return sorted(route_boxes(reconciler, agent_id))
