@@ -21,8 +21,8 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 
 from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR
-from tests.unit.test_reconciler import FakeClock, FakeEngine
-from warmer.adapters.store import SqlStore, read_prefix_token_history, upgrade_database
+from tests.unit.reconciler_fakes import FakeClock, FakeEngine
+from warmer.adapters.store import SqlStore, read_prefix_token_history
 from warmer.cli.prompts import lint_command
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profiles
@@ -76,13 +76,6 @@ def reconciler(url: str, source: PrefixSource, metrics: Metrics) -> tuple[Reconc
         ),
         store,
     )
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'warmer.db'}"
-    upgrade_database(url)
-    return url
 
 
 def lint_json(tmp_path: Path, url: str) -> dict[str, object]:
