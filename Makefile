@@ -37,7 +37,10 @@ test: venv check-services engines lint
 	$(BIN)/pytest
 
 bench: venv engines
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python -m bench.plan_scale
+	$(BIN)/python -m bench.prefill_cold_vs_cached
+	$(BIN)/python -m bench.time_to_ready
+	$(BIN)/python -m bench.prewarm_burst
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 """Planning at scale: placement + one full plan for 5,000 boxes and 20,000 agents; time, peak memory,
 and how much of the placement moves when one box is added or removed (ideal: 1/N).
 
-Run: python bench/plan_scale.py [--boxes 5000] [--agents 20000] [--models 1]
+Run: python -m bench.plan_scale [--boxes 5000] [--agents 20000] [--models 1]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The test bench is only useful if "warm" is visibly cheaper than "cold" (DESIGN t
 tokens) and then the identical prompt again (cached: only the last token is recomputed). Reported are
 the server's own `timings.prompt_ms` and the client-side wall time, median over repetitions.
 
-    .venv/bin/python bench/prefill_cold_vs_cached.py [--tokens 3000] [--reps 7] [--threads 2]
+    .venv/bin/python -m bench.prefill_cold_vs_cached [--tokens 3000] [--reps 7] [--threads 2]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Scenarios, in one run:
   given (what a naive pre-call hook does);
 - warm: the prefix is already warm everywhere; asks answer at once (the steady-state path).
 
-Run: python bench/prewarm_burst.py [--asks 1000] [--boxes 3] [--warm-ms 50]
+Run: python -m bench.prewarm_burst [--asks 1000] [--boxes 3] [--warm-ms 50]
 """
 
 from __future__ import annotations
