@@ -47,7 +47,8 @@ from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig, Route, WarmBudget
 from warmer.root.engines import SystemClock
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
-from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
+from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
+from warmer.service.reconciler import Reconciler
 from warmer.service.warming import WarmExecutor
 
 PREFIX_TOKENS = 1500

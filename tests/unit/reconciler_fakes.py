@@ -23,7 +23,8 @@ from warmer.core.model import (
 )
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig, WarmBudget
-from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
+from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
+from warmer.service.reconciler import Reconciler
 
 PREFIX_TOKENS = 500
 PROFILE = ModelProfile(

@@ -20,7 +20,7 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
 from warmer.core.planner import PlannerConfig
-from warmer.service.reconciler import UnknownAgent
+from warmer.service.reconcile_types import UnknownAgent
 from warmer.service.restart import RestartWarmup, burst_levels
 from warmer.service.status import StatusService
 

@@ -32,7 +32,8 @@ from warmer.core.errors import StoreUnavailable
 from warmer.core.model import BoxSpec, EngineKind, LoggedEvent, ModelProfile, Prefix, prefix_hash
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource
-from warmer.service.reconciler import ComputedPrefix, PrefixSource, Reconciler
+from warmer.service.reconcile_types import ComputedPrefix, PrefixSource
+from warmer.service.reconciler import Reconciler
 
 AGENT = "outbound-sales"
 MODEL = "tiny-demo"

@@ -1,0 +1,188 @@
+"""The reconciler's vocabulary: its configuration, what it asks of its collaborators (prefix source,
+metrics observer) and the values it hands out (snapshots, readiness reports, pre-call answers).
+
+Kept apart from `warmer.service.reconciler` so the loop's module is only the loop, and so callers that
+need just these types (the root, status, prewarm, tests, benchmarks) can read them on one page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from warmer.core.agents import AgentSpec
+from warmer.core.errors import WarmerError
+from warmer.core.lint import DEFAULT_DRIFT_THRESHOLD
+from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
+from warmer.core.placement import PlacementConfig
+from warmer.core.planner import Desired, Observed, PlannerConfig, Route, WarmKey, WarmupStatus, routes
+
+
+class UnknownAgent(WarmerError):
+    """A pre-call ask named an agent the config does not define."""
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"agent_id: unknown agent {agent_id!r}")
+        self.agent_id = agent_id
+
+
+@dataclass(frozen=True, slots=True)
+class ComputedPrefix:
+    """An agent's stable prefix and what computed it (recorded as the prefix's engine version)."""
+
+    prefix: Prefix
+    engine_version: str
+
+
+class PrefixSource(Protocol):
+    """Computes an agent's stable prefix for its model (offline template+tokenizer, or the engine's)."""
+
+    async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix: ...
+
+
+class ReconcileObserver(Protocol):
+    """Where the reconciler reports what metrics count (the root implements it with Prometheus)."""
+
+    def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
+        """`kind` is warm or probe; `outcome` verified, failed or cold."""
+        ...
+
+    def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None: ...
+
+    def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None: ...
+
+    def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None: ...
+
+    def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
+        """The agent's prefix text now tokenizes to `change` (relative, e.g. +0.08) more tokens than
+        under the previous engine version."""
+        ...
+
+
+class NullObserver:
+    """Reports nowhere (unit tests, one-off tools)."""
+
+    def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None:
+        return None
+
+    def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None:
+        return None
+
+    def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
+        return None
+
+    def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerConfig:
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    health_concurrency: int = 32  # boxes polled at once
+    precall_hold_seconds: float = 60.0  # a pre-call ask keeps the agent at top priority this long
+    # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
+    # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
+    pending_prompt_timeout_seconds: float = 600.0
+    # relative change in an unchanged prefix text's token count, across engine versions, that is raised
+    # as tokenizer drift (seen in the field: +8% from a tokenizer regression)
+    tokenizer_drift_threshold: float = DEFAULT_DRIFT_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if self.health_concurrency < 1:
+            raise ValueError("health_concurrency must be >= 1")
+        if not 0 < self.tokenizer_drift_threshold < 1:
+            raise ValueError("tokenizer_drift_threshold must be between 0 and 1")
+        if self.precall_hold_seconds <= 0:
+            raise ValueError("precall_hold_seconds must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyReport:
+    """How one box's epoch got ready: daemon-measured wall time next to the engine's own time."""
+
+    box_id: str
+    epoch: str
+    at: float  # unix seconds when it became ready
+    time_to_ready_seconds: float  # from health first seen up in this epoch to ready
+    warmup_engine_seconds: float  # restart warm-up, critical path
+    prefix_engine_seconds: float  # prefix warms and verifications
+    warmup_wall_seconds: float
+
+    @property
+    def engine_seconds(self) -> float:
+        return self.warmup_engine_seconds + self.prefix_engine_seconds
+
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of the time to ready not spent inside the engine (polls, HTTP, database, scheduling)."""
+        if self.time_to_ready_seconds <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.engine_seconds / self.time_to_ready_seconds)
+
+
+@dataclass(slots=True)
+class BoxLive:
+    """What the reconciler knows about one box right now (memory; the store has the durable part)."""
+
+    healthy: bool = False
+    epoch: str | None = None
+    health_error: str | None = None
+    healthy_since: float | None = None  # unix seconds: health first seen up in this epoch
+    healthy_since_mono: float | None = None
+    warmup: WarmupStatus = WarmupStatus.NOT_STARTED
+    warmup_finished_at: float | None = None
+    warmup_error: str | None = None
+    warmup_engine_seconds: float = 0.0
+    warmup_wall_seconds: float = 0.0
+    prefix_engine_seconds: float = 0.0
+    prefix_requests: int = 0
+    prefixes_started_at: float | None = None
+    ready_report: ReadyReport | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EnsureResult:
+    """The answer to a pre-call ask: the box to use and its warm state for the agent's prefix."""
+
+    agent_id: str
+    box_id: str | None
+    state: WarmState | None
+    routed: bool  # the box is in the agent's route: verified warm there
+    prefix_hash: str | None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPrompt:
+    """A new prompt spec staged for an agent. Its prefix is warmed on the agent's boxes while the old one
+    keeps serving; it becomes current (routes switch) once verified warm on every box the agent is routed
+    to, so a prompt change never leaves the agent without a warm route."""
+
+    spec: AgentSpec
+    staged_at: float
+    computed: ComputedPrefix | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A consistent view for status/readiness/routes answers."""
+
+    now: float
+    boxes: Mapping[str, BoxSpec]
+    live: Mapping[str, BoxLive]
+    desired: Desired | None
+    observed: Observed  # untrusted records left out: they do not count as warm until re-probed
+    records: Mapping[WarmKey, WarmRecord]  # every record of the current epochs, trusted or not
+    prefixes: Mapping[str, ComputedPrefix]
+    prefix_errors: Mapping[str, str]
+    config: PlannerConfig
+
+    def routes(self) -> dict[str, tuple[Route, ...]]:
+        if self.desired is None:
+            return {}
+        return routes(self.desired, self.observed, self.now, self.config)
