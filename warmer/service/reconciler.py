@@ -81,6 +81,7 @@ from warmer.core.warmstate import (
     transition,
 )
 from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.prompt_staging import PromptStaging
 from warmer.service.reconcile_types import (
     BoxLive,
     ComputedPrefix,
@@ -105,10 +106,7 @@ EVENT_TOKENIZER_DRIFT = "tokenizer_drift"
 
 
 # Deploy events (warmer.service.deploy) the reconciler acts on; each is also a line in the event log.
-PENDING_AGENT_SUFFIX = "#pending"  # planner-only key for a staged prompt's prefix (never in routes)
-EVENT_PROMPT_STAGED = "prompt_staged"
 EVENT_PROMPT_CURRENT = "prompt_current"
-EVENT_PROMPT_REJECTED = "prompt_rejected"
 EVENT_BOX_DRAINED = "box_drained"
 EVENT_BOX_UNDRAINED = "box_undrained"
 EVENT_FLEET_BOX_ADDED = "fleet_box_added"
@@ -178,7 +176,7 @@ class Reconciler:
         self._changed = asyncio.Event()
         self._ticks = 0
         # deploy events (warmer.service.deploy): staged prompts, rollout drains, rollout epoch tags
-        self._pending: dict[str, PendingPrompt] = {}
+        self._staging = PromptStaging(store=store, prefix_source=prefix_source, log=self._log)
         self._drained: dict[str, str] = {}  # box id -> why it is out of service (rollout in progress)
         self._epoch_tags: dict[str, str] = {}  # box id -> tag making its epoch new after a rollout
         self._fleet_lock = asyncio.Lock()  # a box added/removed never lands in the middle of a tick
@@ -249,12 +247,17 @@ class Reconciler:
         await self._poll_boxes(now)
         await self._refresh_prefixes(now)
         await self._refresh_records()
-        await self._refresh_pending(now)
+        await self._staging.refresh(
+            now, agents=self._agents, profiles=self._profiles, settle=self._settle_pending
+        )
         campaigns = await self._store.list_campaigns()
         desired = self._build_desired(now, campaigns)
         self._desired = desired
         result = plan(
-            self._with_pending(desired, now), self._observed(for_routes=False), now, self._config.planner
+            self._staging.with_pending(desired, now),
+            self._observed(for_routes=False),
+            now,
+            self._config.planner,
         )
         self._buckets = dict(result.buckets)
         await self._dispatch(result.actions)
@@ -687,10 +690,7 @@ class Reconciler:
         for computed in self._prefixes.values():
             if computed.prefix.hash == prefix_hash:
                 return computed.prefix
-        for pending in self._pending.values():
-            if pending.computed is not None and pending.computed.prefix.hash == prefix_hash:
-                return pending.computed.prefix
-        return None
+        return self._staging.prefix(prefix_hash)
 
     async def _warm(self, box_id: str, epoch: str, prefix_hash: str, reason: str) -> WarmRecord | None:
         box, prefix = self._boxes[box_id], self._prefix_of(prefix_hash)
@@ -862,7 +862,7 @@ class Reconciler:
         return frozenset(self._profiles)
 
     def pending_prompts(self) -> Mapping[str, PendingPrompt]:
-        return dict(self._pending)
+        return self._staging.pending()
 
     def draining(self) -> Mapping[str, str]:
         """Boxes taken out of service by a rollout, with why."""
@@ -875,7 +875,7 @@ class Reconciler:
             raise UnknownAgent(spec.id)
         if spec.model not in self._profiles:
             raise ConfigError([("spec.model", f"unknown model profile {spec.model!r}")])
-        self._pending[spec.id] = PendingPrompt(spec, self._clock.now())
+        self._staging.stage(spec, self._clock.now())
         self.poke()
 
     def drain_boxes(self, box_ids: Sequence[str], reason: str) -> None:
@@ -944,61 +944,11 @@ class Reconciler:
         self._notify_changed()
         self.poke()
 
-    def _with_pending(self, desired: Desired, now: float) -> Desired:
-        """The plan's view: each staged prompt's prefix wanted on the agent's boxes, under a planner-only
-        key, so routes and readiness (built from `desired` itself) never see it."""
-        if not self._pending:
-            return desired
-        agents, assignment = dict(desired.agents), dict(desired.assignment)
-        activity = dict(desired.last_activity)
-        for agent_id, pending in self._pending.items():
-            if pending.computed is None:
-                continue
-            key = agent_id + PENDING_AGENT_SUFFIX
-            agents[key] = PrefixRef(pending.computed.prefix.hash, pending.computed.prefix.token_count)
-            assignment[key] = desired.assignment.get(agent_id, ())
-            activity[key] = now
-        return replace(desired, agents=agents, assignment=assignment, last_activity=activity)
-
-    async def _refresh_pending(self, now: float) -> None:
-        """Compute staged prompts' prefixes; make each current once it is warm where the agent is routed."""
-        for agent_id, pending in list(self._pending.items()):
-            if agent_id not in self._agents:
-                self._pending.pop(agent_id, None)
-                continue
-            if pending.computed is None:
-                spec = pending.spec
-                try:
-                    computed = await self._prefix_source(spec, self._profiles[spec.model])
-                except WarmerError as exc:
-                    if self._pending.get(agent_id) is pending:
-                        del self._pending[agent_id]
-                    self._log.error("staged prompt rejected: the old one stays current", agent=agent_id,
-                                    error=str(exc))  # fmt: skip
-                    await self._store.append_event(
-                        LoggedEvent(
-                            at=now,
-                            kind=EVENT_PROMPT_REJECTED,
-                            agent_id=agent_id,
-                            detail={"spec_hash": spec.spec_hash, "error": str(exc)},
-                        )
-                    )
-                    continue
-                if self._pending.get(agent_id) is not pending:
-                    continue  # replaced by a newer spec meanwhile
-                pending = self._pending[agent_id] = replace(pending, computed=computed)
-                await self._store.append_event(
-                    LoggedEvent(
-                        at=now,
-                        kind=EVENT_PROMPT_STAGED,
-                        agent_id=agent_id,
-                        prefix_hash=computed.prefix.hash,
-                        detail={"spec_hash": spec.spec_hash, "tokens": computed.prefix.token_count},
-                    )
-                )
-            why = self._pending_done(agent_id, pending, now)
-            if why is not None:
-                await self._promote(agent_id, pending, why, now)
+    async def _settle_pending(self, agent_id: str, pending: PendingPrompt, now: float) -> None:
+        """Make a staged prompt whose prefix is computed current once `_pending_done` says why it may."""
+        why = self._pending_done(agent_id, pending, now)
+        if why is not None:
+            await self._promote(agent_id, pending, why, now)
 
     def _pending_done(self, agent_id: str, pending: PendingPrompt, now: float) -> str | None:
         """Why the staged prompt may become current now, or None to keep warming it."""
@@ -1042,8 +992,7 @@ class Reconciler:
         self._prefix_specs[agent_id] = spec.spec_hash
         self._prefix_errors.pop(agent_id, None)
         self._activity.setdefault(agent_id, now)
-        if self._pending.get(agent_id) is pending:
-            del self._pending[agent_id]
+        self._staging.discard(agent_id, pending)
         self._log.info("staged prompt is current", agent=agent_id, prefix=computed.prefix.hash, reason=why)
         await self._store.append_event(
             LoggedEvent(
