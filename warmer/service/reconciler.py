@@ -27,11 +27,6 @@ import structlog
 from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
 from warmer.core.errors import ConfigError, StoreError, WarmerError
-from warmer.core.lint import (
-    TokenCountObservation,
-    detect_tokenizer_drift,
-    drift_baseline,
-)
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -42,7 +37,6 @@ from warmer.core.model import (
     Prefix,
     WarmRecord,
     WarmState,
-    prefix_hash,
 )
 from warmer.core.placement import AgentDemand, PlacementConfig, handover, place
 from warmer.core.planner import (
@@ -96,13 +90,13 @@ from warmer.service.reconcile_types import (
     UnknownAgent,
 )
 from warmer.service.restart import RestartOutcome, RestartWarmup
+from warmer.service.tokenizer_drift import TokenizerDriftCheck
 from warmer.service.warming import WarmExecutor, WarmOutcome
 
 EVENT_BOX_READY = "box_ready"
 EVENT_BOX_UNHEALTHY = "box_unhealthy"
 EVENT_BOX_HEALTHY = "box_healthy"
 EVENT_RESTART_WARMUP = "restart_warmup"
-EVENT_TOKENIZER_DRIFT = "tokenizer_drift"
 
 
 # Deploy events (warmer.service.deploy) the reconciler acts on; each is also a line in the event log.
@@ -154,6 +148,12 @@ class Reconciler:
         self._restart = restart or RestartWarmup(engine, store, clock)
         self._observer: ReconcileObserver = observer or NullObserver()
         self._log = structlog.stdlib.get_logger(__name__)
+        self._drift = TokenizerDriftCheck(
+            store=store,
+            observer=self._observer,
+            log=self._log,
+            threshold=self._config.tokenizer_drift_threshold,
+        )
 
         self._live: dict[str, BoxLive] = {box_id: BoxLive() for box_id in self._boxes}
         self._records: dict[WarmKey, WarmRecord] = {}
@@ -384,7 +384,7 @@ class Reconciler:
                 await self._store.record_prefix(
                     agent_id, spec.spec_hash, computed.prefix, engine_version=computed.engine_version, at=now
                 )
-                await self._check_tokenizer_drift(agent_id, spec, computed, now)
+                await self._drift.check(agent_id, spec, computed, now)
             except WarmerError as exc:
                 if self._prefix_errors.get(agent_id) != str(exc):
                     self._log.error(
@@ -396,50 +396,6 @@ class Reconciler:
             self._prefix_specs[agent_id] = spec.spec_hash
             self._prefix_errors.pop(agent_id, None)
             self._activity.setdefault(agent_id, now)  # a new agent is warmed before its first call
-
-    async def _check_tokenizer_drift(
-        self, agent_id: str, spec: AgentSpec, computed: ComputedPrefix, now: float
-    ) -> None:
-        """Compare the just-recorded token count of the agent's prefix text with the one recorded under
-        the previous engine version; a material change is logged, appended to the event log and counted.
-
-        Runs whenever a prefix is (re)computed: once per spec version per daemon process, so a drift that
-        is still there after a daemon restart is raised again (and its gauge restored)."""
-        prefix = computed.prefix
-        model = prefix.model or spec.model
-        current = TokenCountObservation(
-            prefix_hash(prefix.text), model, computed.engine_version, prefix.token_count, now
-        )
-        history = await self._store.prefix_token_history(model, current.text_hash)
-        threshold = self._config.tokenizer_drift_threshold
-        finding = detect_tokenizer_drift(history, current, threshold=threshold)
-        previous = drift_baseline(history, current)
-        if finding is None or previous is None:
-            return
-        change = (current.token_count - previous.token_count) / previous.token_count
-        detail: dict[str, object] = {
-            "model": model,
-            "text_hash": current.text_hash,
-            "engine_version_before": previous.engine_version,
-            "engine_version_after": current.engine_version,
-            "tokens_before": previous.token_count,
-            "tokens_after": current.token_count,
-            "change": round(change, 6),
-            "message": finding.message,
-        }
-        self._log.warning(
-            EVENT_TOKENIZER_DRIFT,
-            agent=agent_id,
-            prefix=prefix.hash,
-            change_pct=round(change * 100, 2),
-            **{k: v for k, v in detail.items() if k not in ("change", "message")},
-        )
-        await self._store.append_event(
-            LoggedEvent(
-                at=now, kind=EVENT_TOKENIZER_DRIFT, agent_id=agent_id, prefix_hash=prefix.hash, detail=detail
-            )
-        )
-        self._observer.tokenizer_drift(agent_id, model, change)
 
     async def _refresh_records(self) -> None:
         """The store is the truth: reload the current epochs' rows (a replica or an operator may write)."""
@@ -986,7 +942,7 @@ class Reconciler:
         await self._store.record_prefix(
             agent_id, spec.spec_hash, computed.prefix, engine_version=computed.engine_version, at=now
         )
-        await self._check_tokenizer_drift(agent_id, spec, computed, now)
+        await self._drift.check(agent_id, spec, computed, now)
         self._agents[agent_id] = spec
         self._prefixes[agent_id] = computed
         self._prefix_specs[agent_id] = spec.spec_hash
