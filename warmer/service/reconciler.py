@@ -12,6 +12,9 @@ Every tick (on a timer from the root, or early on `poke()`):
 A missed event or a restart of the daemon only delays a fix by one tick: nothing here is edge-triggered
 except the wake-up. On start, records verified before the daemon started are re-probed, not trusted.
 Coalescing: one warm per (box, prefix) at a time; `ensure_warm` callers await the same in-flight future.
+
+Around the loop: its config and value types are `warmer.service.reconcile_types`, staged prompts are
+`warmer.service.prompt_staging`, the tokenizer drift check is `warmer.service.tokenizer_drift`.
 """
 
 from __future__ import annotations
