@@ -102,12 +102,8 @@ EVENT_BOX_HEALTHY = "box_healthy"
 EVENT_RESTART_WARMUP = "restart_warmup"
 
 
-# Deploy events (warmer.service.deploy) the reconciler acts on; each is also a line in the event log.
+# A staged prompt (warmer.service.prompt_staging) became the agent's current one.
 EVENT_PROMPT_CURRENT = "prompt_current"
-EVENT_BOX_DRAINED = "box_drained"
-EVENT_BOX_UNDRAINED = "box_undrained"
-EVENT_FLEET_BOX_ADDED = "fleet_box_added"
-EVENT_FLEET_BOX_REMOVED = "fleet_box_removed"
 
 
 def _group_key(config: PlacementConfig, demand: AgentDemand) -> tuple[int, bool]:
