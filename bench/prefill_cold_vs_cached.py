@@ -1,6 +1,6 @@
 """How much slower is a cold prefill than a cached one on the generated test model?
 
-The test bench is only useful if "warm" is visibly cheaper than "cold" (DESIGN target: >= 20x for a
+The test bench is only useful if "warm" is visibly cheaper than "cold" (target: >= 20x for a
 3k-token prompt). Each repetition sends a fresh 3k-token prompt (cold: nothing shared but a few leading
 tokens) and then the identical prompt again (cached: only the last token is recomputed). Reported are
 the server's own `timings.prompt_ms` and the client-side wall time, median over repetitions.

@@ -1,6 +1,6 @@
 """Agent prompt specs: the static parts every call shares, and the dynamic tail that holds per-call values.
 
-The layout rule from the field (see DESIGN.md §1): anything that changes per call goes at the END of the
+The layout rule from the field: anything that changes per call goes at the END of the
 prompt, because engines reuse cached work only up to the first token that differs. An `AgentSpec` makes
 that layout explicit: ordered static blocks, tools and few-shot messages are meant to be identical on every
 call; every per-call value is a declared placeholder (`{customer_name}`) that belongs in the dynamic tail.

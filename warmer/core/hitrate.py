@@ -1,6 +1,6 @@
 """Cache hit rates from what the engines themselves report: SGLang server logs and /metrics counters.
 
-Hit rate is capacity (DESIGN.md §1), so it is measured from the engine's own numbers, never inferred.
+Hit rate is capacity, so it is measured from the engine's own numbers, never inferred.
 Two sources:
 
 * SGLang scheduler log lines, one per prefill batch. Format, from sgl-project/sglang

@@ -1,6 +1,6 @@
 """Per-box cache hit rate from the engines' own counters, with a threshold alert.
 
-Hit rate is capacity (DESIGN.md §1): a box whose warm prefixes were evicted serves the same calls with
+Hit rate is capacity: a box whose warm prefixes were evicted serves the same calls with
 several times the prefill work. So every `poll_seconds` each box's cumulative cache counters are scraped
 (`EnginePort.cache_stats`) and the rate over the traffic between two scrapes is judged
 (`warmer.core.hitrate`):

@@ -18,7 +18,7 @@ Prompts are sent as text: SGLang tokenizes the same text the same way for the wa
 requests it renders, and /generate cannot mix token ids with a text suffix.
 
 Hybrid (Mamba-style) models keep a running state only at checkpointed points; the warm executor sends
-several prefix+suffix requests and probes until the hit shows (DESIGN.md §4).
+several prefix+suffix requests and probes until the hit shows.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Sources (vllm-project/vllm):
 - `/v1/completions` takes `prompt` as text or a list of token ids, `max_tokens`, `temperature`; `usage`
   carries `prompt_tokens_details.cached_tokens` only when the server runs with
   `--enable-prompt-tokens-details` (vllm/entrypoints/openai/cli_args.py; issue #16162 for V1).
-  On CPU the cache block is 128 tokens, so `cached_tokens` is a multiple of 128 (measured, DESIGN.md).
+  On CPU the cache block is 128 tokens, so `cached_tokens` is a multiple of 128 (measured).
 - `/tokenize`: `TokenizeCompletionRequest {prompt, add_special_tokens=True}` or
   `TokenizeChatRequest {messages, tools, add_generation_prompt=True, add_special_tokens=False}` ->
   `{tokens, count, max_model_len}`; `/detokenize {tokens}` -> `{prompt}`
