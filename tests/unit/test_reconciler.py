@@ -14,12 +14,21 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.reconciler_fakes import PROFILE, FakeClock, FakeEngine, boxes, route_boxes, settle, world
+from tests.unit.reconciler_fakes import (
+    PROFILE,
+    FakeClock,
+    FakeEngine,
+    World,
+    boxes,
+    route_boxes,
+    settle,
+    world,
+)
 from warmer.adapters.store import SqlStore
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
-from warmer.core.planner import PlannerConfig
+from warmer.core.planner import PlannerConfig, WarmBudget
 from warmer.service.reconcile_types import UnknownAgent
 from warmer.service.restart import RestartWarmup, burst_levels
 from warmer.service.status import StatusService
@@ -198,6 +207,100 @@ def test_keepalive_touches_a_warm_prefix_when_due_and_it_stays_routed(store_url:
         assert after.warmed_at == before.warmed_at  # one continuous warm stretch: no ramp restart
         reasons = [e.detail["reason"] for e in await w.store.events(limit=50) if e.kind == "warm_transition"]
         assert "keepalive due" in reasons
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_suspect_box_is_probed_and_an_evicted_prefix_leaves_the_route_until_rewarmed(
+    store_url: str,
+) -> None:
+    """The hit-rate monitor's path: `set_suspect` -> a SUSPECT probe of the box's warm prefixes (no more
+    often than `probe_min_interval_seconds` per prefix) -> a cold probe marks the record evicted, which is
+    not serving, so the box leaves the route -> the planner re-warms it and the route comes back."""
+
+    async def step(w: World) -> None:
+        await w.reconciler.tick()
+        await w.reconciler.drain()
+
+    async def b1_history(w: World) -> list[tuple[object, object, str]]:
+        events = await w.store.events(box_id="b1", limit=500)
+        return [
+            (e.detail["from"], e.detail["to"], str(e.detail["reason"]))
+            for e in reversed(events)
+            if e.kind == "warm_transition"
+        ]
+
+    async def scenario() -> None:
+        interval = 60.0
+        w = world(
+            store_url,
+            planner=PlannerConfig(
+                budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6),
+                retire_idle_after_seconds=None,
+                probe_min_interval_seconds=interval,
+            ),
+        )
+        await settle(w.reconciler)
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        history_before = len(await b1_history(w))
+        probes = {box_id: len(w.engine.probes(box_id)) for box_id in ("b1", "b2")}
+
+        def new_probes(box_id: str) -> int:
+            return len(w.engine.probes(box_id)) - probes[box_id]
+
+        w.engine.boxes["b1"].cache.clear()  # the engine evicted the prefix: the next read is cold
+        w.reconciler.set_suspect("b1", True)
+        await step(w)
+        assert new_probes("b1") == 0  # verified just now: within the probe interval, not probed yet
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+
+        warms_before = len(w.engine.warms("b1"))
+        w.clock.t += interval + 1.0
+        await step(w)  # the probe goes out, reads cold; the re-warm waits for the next pass
+        assert new_probes("b1") == 1
+        assert new_probes("b2") == 0  # not suspect: never probed
+        assert len(w.engine.warms("b1")) == warms_before  # the re-warm waits for the next pass
+        (evicted,) = await w.store.list_warm(box_id="b1")
+        assert evicted.state is WarmState.EVICTED
+        assert route_boxes(w.reconciler, "sales") == ["b2"]  # evicted is not serving: out of the route
+        assert w.reconciler.ready_box_ids() == {"b2"}
+
+        await step(w)  # evicted -> warming -> warm
+        assert len(w.engine.warms("b1")) == warms_before + 1
+        (rewarmed,) = await w.store.list_warm(box_id="b1")
+        assert rewarmed.state is WarmState.WARM
+        assert rewarmed.verified_at == w.clock.t
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        transitions = (await b1_history(w))[history_before:]
+        assert [(before, after) for before, after, _ in transitions] == [
+            ("warm", "evicted"),
+            ("evicted", "warming"),
+            ("warming", "warm"),
+        ]
+        assert "probe (suspect) says cold" in transitions[0][2]
+        (b2,) = await w.store.list_warm(box_id="b2")
+        assert b2.state is WarmState.WARM
+
+        # Still suspect: the re-warmed prefix is probed again only once the interval has passed.
+        probes = {box_id: len(w.engine.probes(box_id)) for box_id in ("b1", "b2")}
+        w.clock.t += interval / 2
+        await step(w)
+        assert new_probes("b1") == 0
+        w.clock.t += interval / 2
+        await step(w)
+        assert new_probes("b1") == 1  # reads warm this time: stays warm and routed
+        assert new_probes("b2") == 0
+        (probed,) = await w.store.list_warm(box_id="b1")
+        assert probed.state is WarmState.WARM
+        assert probed.verified_at == w.clock.t
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+
+        # The monitor clears the verdict: no more probes, however long it has been.
+        w.reconciler.set_suspect("b1", False)
+        w.clock.t += interval + 1.0
+        await step(w)
+        assert new_probes("b1") == 1
         await w.store.close()
 
     asyncio.run(scenario())
