@@ -1,4 +1,5 @@
-"""`[reconcile] retire_idle_after_seconds` reaches the planner the root builds, 0 meaning "never retire"."""
+"""`[reconcile] retire_idle_after_seconds` reaches the planner the root builds, 0 meaning "never retire";
+`[dialer] precall_hold_seconds` reaches the reconciler's config."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile
 from warmer.core.planner import Desired, PlannerConfig, PrefixRef, WarmReason, active_agents
 from warmer.root.reconcile import reconciler_config
+from warmer.service.reconcile_types import ReconcilerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,3 +90,32 @@ def test_a_negative_value_is_refused_by_field_path(tmp_path: Path) -> None:
 def test_the_example_config_sets_it_explicitly() -> None:
     example = load_settings(REPO / "config" / "example.toml")
     assert "retire_idle_after_seconds" in example.reconcile.model_fields_set
+
+
+def _dialer_settings(tmp_path: Path, dialer_table: str) -> Settings:
+    path = tmp_path / "warmer.toml"
+    path.write_text(f"[dialer]\n{dialer_table}\n")
+    return load_settings(path)
+
+
+def test_the_precall_hold_from_the_file_reaches_the_reconciler_config(tmp_path: Path) -> None:
+    settings = _dialer_settings(tmp_path, "precall_hold_seconds = 15.5")
+    assert reconciler_config(settings).precall_hold_seconds == 15.5
+
+
+def test_the_precall_hold_default_is_the_reconcilers_default() -> None:
+    assert Settings().dialer.precall_hold_seconds == ReconcilerConfig().precall_hold_seconds
+    assert reconciler_config(Settings()).precall_hold_seconds == ReconcilerConfig().precall_hold_seconds
+
+
+def test_the_environment_overrides_the_precall_hold(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WARMER_DIALER__PRECALL_HOLD_SECONDS", "90")
+    settings = _dialer_settings(tmp_path, "precall_hold_seconds = 15.5")
+    assert reconciler_config(settings).precall_hold_seconds == 90.0
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_non_positive_precall_hold_is_refused_by_field_path(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        _dialer_settings(tmp_path, f"precall_hold_seconds = {value}")
+    assert [path for path, _ in caught.value.problems] == ["dialer.precall_hold_seconds"]

@@ -404,6 +404,16 @@ class DialerSettings(_Section):
             "widened for its volume). Five minutes covers a restart warm-up plus prefix warms on a cold box."
         ),
     )
+    precall_hold_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds a pre-call ask (`POST /v1/prewarm`) keeps its agent at the top warm priority, ahead "
+            "of campaigns and keepalives. 60 s outlasts the longest prewarm wait and the dial-and-ring "
+            "time until the call's first turn, yet an ask with no call behind it stops jumping the queue "
+            "within a minute."
+        ),
+    )
     volume_window_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -25,7 +25,7 @@ MIN_BURST_TOKENS = 20000.0
 
 
 def reconciler_config(settings: Settings) -> ReconcilerConfig:
-    """The planner's knobs from `[reconcile]`."""
+    """The planner's knobs from `[reconcile]`, and the dialer's pre-call hold and campaign lead."""
     loop = settings.reconcile
     rate = float(loop.warm_budget_tokens_per_second)
     return ReconcilerConfig(
@@ -40,7 +40,8 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
             ramp_initial_weight=loop.initial_ramp_weight,
             campaign_lead_seconds=settings.dialer.campaign_lead_seconds,
             retire_idle_after_seconds=loop.retire_idle_after(),
-        )
+        ),
+        precall_hold_seconds=settings.dialer.precall_hold_seconds,
     )
 
 

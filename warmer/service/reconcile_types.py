@@ -84,7 +84,8 @@ class ReconcilerConfig:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     health_concurrency: int = 32  # boxes polled at once
-    precall_hold_seconds: float = 60.0  # a pre-call ask keeps the agent at top priority this long
+    # a pre-call ask keeps the agent at top priority this long (setting: dialer.precall_hold_seconds)
+    precall_hold_seconds: float = 60.0
     # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
     # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
     pending_prompt_timeout_seconds: float = 600.0
