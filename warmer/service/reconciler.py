@@ -366,9 +366,13 @@ class Reconciler:
             live.warmup = WarmupStatus.FAILED
             live.warmup_finished_at = max(p.finished_at or p.started_at for p in failed)
             live.warmup_error = failed[-1].error
-        elif any(p.phase is PhaseName.PREFIXES for p in phases):
+        elif prefixes := [p for p in phases if p.phase is PhaseName.PREFIXES]:
             live.warmup = WarmupStatus.DONE
-            live.warmup_finished_at = max(p.started_at for p in phases if p.phase is PhaseName.PREFIXES)
+            live.warmup_finished_at = max(p.started_at for p in prefixes)
+            if all(p.finished_at is None for p in prefixes):
+                # The previous daemon died mid-phase: this one finishes its row. A finished row is history
+                # this daemon must not overwrite with the timings of its re-verification probes.
+                live.prefixes_started_at = live.warmup_finished_at
 
     async def _refresh_prefixes(self, now: float) -> None:
         for agent_id, spec in self._agents.items():
@@ -746,18 +750,19 @@ class Reconciler:
                 warmup_wall_seconds=live.warmup_wall_seconds,
             )
             live.ready_report = report
-            await self._store.put_phase(
-                PhaseRecord(
-                    box_id=box_id,
-                    epoch=live.epoch,
-                    phase=PhaseName.PREFIXES,
-                    started_at=live.prefixes_started_at if live.prefixes_started_at is not None else now,
-                    finished_at=now,
-                    engine_seconds=live.prefix_engine_seconds,
-                    requests=live.prefix_requests,
-                    ok=True,
+            if live.prefixes_started_at is not None:  # None: an earlier daemon finished this epoch's phase
+                await self._store.put_phase(
+                    PhaseRecord(
+                        box_id=box_id,
+                        epoch=live.epoch,
+                        phase=PhaseName.PREFIXES,
+                        started_at=live.prefixes_started_at,
+                        finished_at=now,
+                        engine_seconds=live.prefix_engine_seconds,
+                        requests=live.prefix_requests,
+                        ok=True,
+                    )
                 )
-            )
             await self._store.append_event(
                 LoggedEvent(
                     at=now,
