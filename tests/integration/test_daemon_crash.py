@@ -116,6 +116,8 @@ def test_a_killed_daemon_loses_nothing_and_its_successor_re_verifies_before_rout
 
     with running_serve(config, port, tmp_path / "serve-2.log") as second:
         settled(second)
+        # GET /v1/boxes/{id} shows the resumed readiness honestly: no time to ready, no overhead.
+        views = {box_id: second.box(box_id)["time_to_ready"] for box_id in box_ids}
         routed = second.routed_boxes()
         # (3) A real first turn on a routed box reuses the whole stable prefix.
         first_turn = turn1(fleet.box(routed[0]).base_url, agent)
@@ -167,3 +169,14 @@ def test_a_killed_daemon_loses_nothing_and_its_successor_re_verifies_before_rout
         assert len(ready) == 1
         assert ready[0]["epoch"] == epoch
         assert probe["id"] < ready[0]["id"]
+        # (2c) The first daemon measured this epoch's time to ready; the new one only re-verified it, so
+        # its box_ready says resumed and carries no time-to-ready figures (nor reaches those metrics).
+        (first_ready,) = kinds(crashed["events"], "box_ready", box_id)
+        assert "resumed" not in first_ready["detail"]
+        assert first_ready["detail"]["time_to_ready_seconds"] > 0
+        assert ready[0]["detail"]["resumed"] is True
+        assert ready[0]["detail"]["reverify_seconds"] >= 0
+        assert "time_to_ready_seconds" not in ready[0]["detail"]
+        assert views[box_id]["resumed"] is True
+        assert views[box_id]["time_to_ready_seconds"] is None
+        assert views[box_id]["overhead_fraction"] is None

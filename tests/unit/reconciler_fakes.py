@@ -23,7 +23,7 @@ from warmer.core.model import (
 )
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig, WarmBudget
-from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
+from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver, ReconcilerConfig
 from warmer.service.reconciler import Reconciler
 
 PREFIX_TOKENS = 500
@@ -218,6 +218,7 @@ def world(
     specs: Mapping[str, AgentSpec] | None = None,
     source: FakePrefixSource | None = None,
     demand: Callable[[], Mapping[str, float]] | None = None,
+    observer: ReconcileObserver | None = None,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
@@ -241,6 +242,7 @@ def world(
             placement=placement or PlacementConfig(min_group_size=min_group),
         ),
         demand=demand,
+        observer=observer,
     )
     return World(reconciler, engine, store, clock, source)
 

@@ -1,6 +1,8 @@
 """A daemon restarted over engines that kept running resumes their epochs: the restart-phase history the
 previous daemon wrote is kept, not overwritten by the timings of the new daemon's re-verification probes;
-a phase the previous daemon left unfinished (it died mid-phase) is finished by the new one."""
+a phase the previous daemon left unfinished (it died mid-phase) is finished by the new one. The new daemon's
+readiness is recorded as resumed: its re-verification time is not a time to ready, so it stays out of the
+time-to-ready metrics."""
 
 from __future__ import annotations
 
@@ -8,7 +10,23 @@ import asyncio
 from dataclasses import replace
 
 from tests.unit.reconciler_fakes import FakeClock, World, route_boxes, settle, world
-from warmer.core.model import PhaseName, PhaseRecord
+from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord
+from warmer.service.reconcile_types import NullObserver
+from warmer.service.status import StatusService
+
+
+class ReadyRecorder(NullObserver):
+    """Keeps every box_ready the reconciler reports to metrics."""
+
+    def __init__(self) -> None:
+        self.ready: list[tuple[str, float, float]] = []
+
+    def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None:
+        self.ready.append((box_id, time_to_ready_seconds, engine_seconds))
+
+
+async def ready_events(w: World, box_id: str = "b1") -> list[LoggedEvent]:
+    return [e for e in await w.store.events(limit=500) if e.kind == "box_ready" and e.box_id == box_id]
 
 
 async def prefixes_phase(w: World, box_id: str = "b1") -> PhaseRecord:
@@ -18,11 +36,15 @@ async def prefixes_phase(w: World, box_id: str = "b1") -> PhaseRecord:
     return phase
 
 
-async def restarted(first: World, store_url: str, clock: FakeClock) -> World:
+async def restarted(
+    first: World, store_url: str, clock: FakeClock, observer: ReadyRecorder | None = None
+) -> World:
     """A second daemon on the same store and engine, a minute later; settled until it routes b1 again."""
     await first.store.close()
     clock.t += 60.0
-    second = world(store_url, box_ids=("b1",), engine=first.engine, clock=clock, min_group=1)
+    second = world(
+        store_url, box_ids=("b1",), engine=first.engine, clock=clock, min_group=1, observer=observer
+    )
     await settle(second.reconciler)
     assert route_boxes(second.reconciler, "sales") == ["b1"]
     return second
@@ -60,6 +82,74 @@ def test_a_prefixes_phase_left_unfinished_by_a_crash_is_finished_by_the_next_dae
         assert after.ok is True
         assert after.finished_at is not None
         assert after.finished_at >= clock.t - 60.0
+        await second.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_resumed_epoch_is_ready_as_resumed_and_stays_out_of_time_to_ready_metrics(store_url: str) -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        first_metrics = ReadyRecorder()
+        first = world(store_url, box_ids=("b1",), clock=clock, min_group=1, observer=first_metrics)
+        await settle(first.reconciler)
+        # The daemon that ran the epoch's warm-up measured its time to ready.
+        assert [box_id for box_id, _, _ in first_metrics.ready] == ["b1"]
+        (fresh,) = await ready_events(first)
+        assert "resumed" not in fresh.detail
+        engine_seconds = fresh.detail["engine_seconds"]
+        assert isinstance(engine_seconds, float)
+        assert engine_seconds > 0
+        report = first.reconciler.snapshot().live["b1"].ready_report
+        assert report is not None
+        assert not report.resumed
+
+        second_metrics = ReadyRecorder()
+        second = await restarted(first, store_url, clock, second_metrics)
+        assert second_metrics.ready == []
+        resumed, earlier = await ready_events(second)  # newest first; the earlier daemon's is kept
+        assert earlier == fresh
+        assert resumed.epoch == fresh.epoch
+        assert resumed.detail["resumed"] is True
+        assert "time_to_ready_seconds" not in resumed.detail
+        assert "overhead_fraction" not in resumed.detail
+        reverify_seconds = resumed.detail["reverify_seconds"]
+        assert isinstance(reverify_seconds, float)
+        assert reverify_seconds >= 0
+
+        report = second.reconciler.snapshot().live["b1"].ready_report
+        assert report is not None
+        assert report.resumed
+        view = await StatusService(second.reconciler, second.store).box("b1")
+        assert view is not None
+        assert view.time_to_ready is not None
+        assert view.time_to_ready.resumed
+        assert view.time_to_ready.time_to_ready_seconds is None
+        assert view.time_to_ready.overhead_fraction is None
+        assert view.time_to_ready.reverify_seconds == report.reverify_seconds
+        await second.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_daemon_finishing_a_crashed_daemons_prefixes_phase_is_ready_as_resumed(store_url: str) -> None:
+    """It did not see the epoch's warm-up either: its wall time from its own start is no time to ready."""
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        first = world(store_url, box_ids=("b1",), clock=clock, min_group=1)
+        await settle(first.reconciler)
+        finished = await prefixes_phase(first)
+        await first.store.put_phase(
+            replace(finished, finished_at=None, engine_seconds=None, requests=0, ok=None)
+        )
+
+        metrics = ReadyRecorder()
+        second = await restarted(first, store_url, clock, metrics)
+        assert metrics.ready == []
+        newest = (await ready_events(second))[0]
+        assert newest.detail["resumed"] is True
+        assert (await prefixes_phase(second)).ok is True
         await second.store.close()
 
     asyncio.run(scenario())

@@ -64,7 +64,8 @@ def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]])
                 "yes" if ready["ready"] else "no",
                 f"{ready['weight']:.2f}",
                 f"{warm}/{len(prefixes)}",
-                _seconds(ttr.get("time_to_ready_seconds")),
+                # resumed: an earlier daemon readied this epoch; this one only re-verified it
+                "resumed" if ttr.get("resumed") else _seconds(ttr.get("time_to_ready_seconds")),
                 _seconds(ttr.get("engine_seconds")),
                 "-" if overhead is None else f"{overhead:.1%}",
             )

@@ -104,15 +104,26 @@ class ReconcilerConfig:
 
 @dataclass(frozen=True, slots=True)
 class ReadyReport:
-    """How one box's epoch got ready: daemon-measured wall time next to the engine's own time."""
+    """How one box's epoch got ready: daemon-measured wall time next to the engine's own time.
+
+    A `resumed` report is a daemon restarted over an engine whose restart warm-up an earlier daemon ran:
+    it did not see the epoch start, so its figures are only its own re-verification (`reverify_seconds`,
+    from this daemon's first health check to ready) and say nothing about the epoch's time to ready.
+    """
 
     box_id: str
     epoch: str
     at: float  # unix seconds when it became ready
-    time_to_ready_seconds: float  # from health first seen up in this epoch to ready
+    time_to_ready_seconds: float  # from health first seen up in this epoch (by this daemon) to ready
     warmup_engine_seconds: float  # restart warm-up, critical path
     prefix_engine_seconds: float  # prefix warms and verifications
     warmup_wall_seconds: float
+    resumed: bool = False
+
+    @property
+    def reverify_seconds(self) -> float:
+        """A resumed report's only honest wall time: this daemon's first health check to ready."""
+        return self.time_to_ready_seconds
 
     @property
     def engine_seconds(self) -> float:
@@ -143,6 +154,8 @@ class BoxLive:
     prefix_engine_seconds: float = 0.0
     prefix_requests: int = 0
     prefixes_started_at: float | None = None
+    # an earlier daemon ran this epoch's restart warm-up (this one restarted over a running engine)
+    resumed: bool = False
     ready_report: ReadyReport | None = None
 
 

@@ -111,6 +111,20 @@ def _group_key(config: PlacementConfig, demand: AgentDemand) -> tuple[int, bool]
     return config.wanted_group_size(demand), config.is_dedicated(demand)
 
 
+def _ready_detail(report: ReadyReport) -> dict[str, object]:
+    """The box_ready event's detail. A resumed report carries only its re-verification time: its engine
+    figures cover just this daemon's probes, so an overhead computed from them would be meaningless."""
+    if report.resumed:
+        return {"resumed": True, "reverify_seconds": round(report.reverify_seconds, 6)}
+    return {
+        "time_to_ready_seconds": round(report.time_to_ready_seconds, 6),
+        "engine_seconds": round(report.engine_seconds, 6),
+        "warmup_engine_seconds": round(report.warmup_engine_seconds, 6),
+        "prefix_engine_seconds": round(report.prefix_engine_seconds, 6),
+        "overhead_fraction": round(report.overhead_fraction, 4),
+    }
+
+
 _Waiter = asyncio.Future[WarmRecord | None]
 
 
@@ -369,6 +383,7 @@ class Reconciler:
         elif prefixes := [p for p in phases if p.phase is PhaseName.PREFIXES]:
             live.warmup = WarmupStatus.DONE
             live.warmup_finished_at = max(p.started_at for p in prefixes)
+            live.resumed = True
             if all(p.finished_at is None for p in prefixes):
                 # The previous daemon died mid-phase: this one finishes its row. A finished row is history
                 # this daemon must not overwrite with the timings of its re-verification probes.
@@ -725,7 +740,8 @@ class Reconciler:
     # --------------------------------------------------------------------------------------- readiness
 
     async def _note_readiness(self) -> None:
-        """Record, once per epoch, the moment a box became ready and what that took."""
+        """Record, once per epoch (per daemon: a resumed epoch is recorded as such), the moment a box
+        became ready and what that took."""
         desired = self._desired
         if desired is None:
             return
@@ -748,6 +764,7 @@ class Reconciler:
                 warmup_engine_seconds=live.warmup_engine_seconds,
                 prefix_engine_seconds=live.prefix_engine_seconds,
                 warmup_wall_seconds=live.warmup_wall_seconds,
+                resumed=live.resumed,
             )
             live.ready_report = report
             if live.prefixes_started_at is not None:  # None: an earlier daemon finished this epoch's phase
@@ -769,15 +786,19 @@ class Reconciler:
                     kind=EVENT_BOX_READY,
                     box_id=box_id,
                     epoch=live.epoch,
-                    detail={
-                        "time_to_ready_seconds": round(report.time_to_ready_seconds, 6),
-                        "engine_seconds": round(report.engine_seconds, 6),
-                        "warmup_engine_seconds": round(report.warmup_engine_seconds, 6),
-                        "prefix_engine_seconds": round(report.prefix_engine_seconds, 6),
-                        "overhead_fraction": round(report.overhead_fraction, 4),
-                    },
+                    detail=_ready_detail(report),
                 )
             )
+            if report.resumed:
+                # Not a time to ready: this daemon did not see the epoch start. Observing it would put a
+                # restart-of-the-daemon figure (~0 engine seconds) into the time-to-ready statistics.
+                self._log.info(
+                    "box ready (resumed)",
+                    box=box_id,
+                    epoch=live.epoch,
+                    reverify_seconds=round(report.reverify_seconds, 3),
+                )
+                continue
             self._observer.box_ready(box_id, report.time_to_ready_seconds, report.engine_seconds)
             self._log.info(
                 "box ready",

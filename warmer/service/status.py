@@ -52,14 +52,19 @@ class PrefixView:
 
 @dataclass(frozen=True, slots=True)
 class TimeToReadyView:
-    """Daemon overhead made visible: wall time from health up to ready next to the engine's own time."""
+    """Daemon overhead made visible: wall time from health up to ready next to the engine's own time.
+
+    A resumed epoch (an earlier daemon ran its restart warm-up) has no time to ready or overhead this
+    daemon could know: those are None and `reverify_seconds` says how long its re-verification took."""
 
     at: float
-    time_to_ready_seconds: float
-    engine_seconds: float
-    warmup_engine_seconds: float
-    prefix_engine_seconds: float
-    overhead_fraction: float
+    time_to_ready_seconds: float | None
+    engine_seconds: float | None
+    warmup_engine_seconds: float | None
+    prefix_engine_seconds: float | None
+    overhead_fraction: float | None
+    resumed: bool = False
+    reverify_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +216,18 @@ class StatusService:
             phases = tuple(_phase_view(p) for p in await self._store.list_phases(box_id, live.epoch))
         report = live.ready_report
         ttr = None
-        if report is not None:
+        if report is not None and report.resumed:
+            ttr = TimeToReadyView(
+                at=report.at,
+                time_to_ready_seconds=None,
+                engine_seconds=None,
+                warmup_engine_seconds=None,
+                prefix_engine_seconds=None,
+                overhead_fraction=None,
+                resumed=True,
+                reverify_seconds=report.reverify_seconds,
+            )
+        elif report is not None:
             ttr = TimeToReadyView(
                 at=report.at,
                 time_to_ready_seconds=report.time_to_ready_seconds,
