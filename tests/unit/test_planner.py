@@ -345,6 +345,17 @@ def test_routes_only_where_that_agents_prefix_is_warm_with_ramp() -> None:
     assert routes(want, Observed(boxes=seen.boxes, warm=evicted), 151.0, cfg)["a"] == ()
 
 
+def test_routes_for_some_agents_are_those_agents_entries_of_the_full_answer() -> None:
+    want = desired({"a": ("b1", "b2"), "b": ("b2",), "c": ("b1",)})
+    rows = records(warm("b1", "a", 50.0), warm("b2", "a", 60.0), warm("b2", "b", 50.0))
+    seen = Observed(boxes={"b1": up(finished=0.0), "b2": up(finished=0.0)}, warm=rows)
+    cfg = config(ramp_seconds=100.0)
+    full = routes(want, seen, 80.0, cfg)
+    assert routes(want, seen, 80.0, cfg, only=("a",)) == {"a": full["a"]}
+    assert routes(want, seen, 80.0, cfg, only=("b", "c")) == {"b": full["b"], "c": ()}
+    assert routes(want, seen, 80.0, cfg, only=("nobody",)) == {}
+
+
 def test_routes_follow_routing_not_keep_warm() -> None:
     rows = records(warm("b1", "a", 10.0), warm("b2", "a", 10.0))
     want = desired({"a": ("b1", "b2")}, routing={"a": ("b2",)})

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from warmer.core.model import BoxSpec, Campaign, ModelProfile, WarmRecord, WarmState
@@ -510,13 +510,22 @@ class Route:
 
 
 def routes(
-    desired: Desired, observed: Observed, now: float, config: PlannerConfig
+    desired: Desired,
+    observed: Observed,
+    now: float,
+    config: PlannerConfig,
+    *,
+    only: Collection[str] | None = None,
 ) -> dict[str, tuple[Route, ...]]:
     """Per agent, in spill order: only boxes of its routing group where ITS prefix is believed warm in the
-    box's current epoch after that epoch's restart warm-up; a box losing either drops out at once."""
+    box's current epoch after that epoch's restart warm-up; a box losing either drops out at once.
+
+    `only` limits the answer to those agents (unknown ones are left out): a pre-call ask needs one agent's
+    routes, not a pass over every agent of the fleet."""
     routing = desired.routing if desired.routing is not None else desired.assignment
+    agents = desired.agents if only is None else {a: desired.agents[a] for a in only if a in desired.agents}
     result: dict[str, tuple[Route, ...]] = {}
-    for agent_id, prefix in desired.agents.items():
+    for agent_id, prefix in agents.items():
         found: list[Route] = []
         for box_id in routing.get(agent_id, ()):
             seen = observed.boxes.get(box_id)

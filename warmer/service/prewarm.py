@@ -291,7 +291,7 @@ class ReconcilerBackend:
             raise UnknownPrewarmAgent(agent_id) from None
 
     def routes_for(self, agent_id: str) -> Sequence[Route]:
-        return self._running().snapshot().routes().get(agent_id, ())
+        return self._running().agent_routes(agent_id)
 
     def box(self, box_id: str) -> BoxSpec | None:
-        return self._running().snapshot().boxes.get(box_id)
+        return self._running().fleet().get(box_id)

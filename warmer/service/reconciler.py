@@ -52,6 +52,7 @@ from warmer.core.planner import (
     PrefixRef,
     ProbePrefix,
     Retire,
+    Route,
     RunRestartWarmup,
     TokenBucket,
     WarmKey,
@@ -832,6 +833,15 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------------ deploy events
 
+    def agent_routes(self, agent_id: str) -> tuple[Route, ...]:
+        """The agent's current routes (what `snapshot().routes()` holds for it), computed for it alone."""
+        desired = self._desired
+        if desired is None:
+            return ()
+        observed = self._observed(for_routes=True)
+        found = routes(desired, observed, self._clock.now(), self._config.planner, only=(agent_id,))
+        return found.get(agent_id, ())
+
     def fleet(self) -> Mapping[str, BoxSpec]:
         """The boxes this reconciler may call now (config plus runtime `box.added`)."""
         return dict(self._boxes)
@@ -1029,7 +1039,7 @@ class Reconciler:
             return EnsureResult(agent_id, None, None, False, None, detail), None
         prefix_hash = computed.prefix.hash
         now = self._clock.now()
-        found = routes(desired, self._observed(for_routes=True), now, self._config.planner).get(agent_id, ())
+        found = self.agent_routes(agent_id)
         if found:
             return EnsureResult(agent_id, found[0].box_id, WarmState.WARM, True, prefix_hash, "warm"), None
         first: EnsureResult | None = None
