@@ -9,6 +9,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import OperationalError
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from warmer.adapters.store.engine import WRITE_OPTION, create_store_engine
 
@@ -31,6 +33,18 @@ def head_revision() -> str:
     return head
 
 
+def _sqlite_locked(exc: BaseException) -> bool:
+    """SQLite may answer "database is locked" at once, without waiting out the busy timeout, while another
+    connection is turning a fresh file into WAL mode; the migration is one transaction, so it can retry."""
+    return isinstance(exc, OperationalError) and "database is locked" in str(exc.orig)
+
+
+@retry(
+    retry=retry_if_exception(_sqlite_locked),
+    stop=stop_after_attempt(8),
+    wait=wait_random_exponential(multiplier=0.05, max=1.0),
+    reraise=True,
+)
 def _run(url: str, revision: str, *, upgrade: bool) -> None:
     engine = create_store_engine(url, foreign_keys=False)
     try:
