@@ -34,6 +34,7 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import NotSupported
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     CacheStats,
     CompletionReport,
@@ -118,6 +119,9 @@ class TimedEngine:
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "bench")
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return BoxCapacity(source="bench")
 
 
 class Source:

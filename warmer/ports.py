@@ -7,6 +7,7 @@ from typing import Protocol
 
 from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     CacheStats,
     Campaign,
@@ -72,6 +73,10 @@ class EnginePort(Protocol):
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         """The engine's cumulative prefix-cache counters."""
+        ...
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """How many prefixes the box's cache holds beside its live calls (unknown fields are None)."""
         ...
 
 

@@ -13,6 +13,7 @@ from warmer.adapters.store import SqlStore
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import EngineError, NotSupported
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     CacheStats,
     CompletionReport,
@@ -54,9 +55,22 @@ class FakeClock:
 
 @dataclass
 class FakeBox:
+    """One engine box. With `holds` set, its cache keeps that many prompts, least recently used out first
+    (llama.cpp: one prompt per slot), and `capacity()` reports it the way llama-server's /props does."""
+
     healthy: bool = True
     generation: int = 0
-    cache: set[tuple[int, ...]] = field(default_factory=set)
+    cache: dict[tuple[int, ...], None] = field(default_factory=dict)  # insertion order = LRU order
+    holds: int | None = None
+
+    def use(self, prompt: tuple[int, ...]) -> bool:
+        """Send `prompt` through the cache: True when it was held; it is then the most recent."""
+        hit = prompt in self.cache
+        self.cache.pop(prompt, None)
+        self.cache[prompt] = None
+        while self.holds is not None and len(self.cache) > self.holds:
+            del self.cache[next(iter(self.cache))]
+        return hit
 
 
 class FakeEngine:
@@ -107,9 +121,7 @@ class FakeEngine:
         (self.probe_requests if kind == "probe" else self.warm_requests)[box.id] += 1
         self.prefix_log.append((box.id, kind, self.clock.now() if self.clock is not None else 0.0))
         assert prefix.token_ids is not None
-        cache = self.boxes[box.id].cache
-        hit = prefix.token_ids in cache
-        cache.add(prefix.token_ids)
+        hit = self.boxes[box.id].use(prefix.token_ids)
         cached = prefix.token_count - 1 if hit else 0  # llama.cpp recomputes the last prompt token
         return CompletionReport(
             prompt_tokens=prefix.token_count + len(suffix),
@@ -149,6 +161,9 @@ class FakeEngine:
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "fake")
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return BoxCapacity(prefixes=self.boxes[box.id].holds, source="fake")
 
 
 def agent(agent_id: str, text: str | None = None) -> AgentSpec:

@@ -425,3 +425,28 @@ def test_a_database_blip_fails_one_tick_and_the_loop_carries_on(store_url: str) 
         await w.store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_box_is_never_given_more_prefixes_than_its_engine_says_it_holds(store_url: str) -> None:
+    """Six agents wanting two boxes each on three boxes whose engines hold two prompts each (llama.cpp
+    with two slots): every agent is warm on one box, and everything routed is really in the engine's cache
+    (12 prefixes on 6 slots would evict what was just verified, and the routes would lie)."""
+
+    async def scenario() -> None:
+        names = [f"a{i}" for i in range(6)]
+        engine = FakeEngine(["b1", "b2", "b3"])
+        for box in engine.boxes.values():
+            box.holds = 2
+        w = world(store_url, ("b1", "b2", "b3"), names, engine=engine, min_group=2)
+        await settle(w.reconciler)
+        snapshot = w.reconciler.snapshot()
+        routed = {agent: route_boxes(w.reconciler, agent) for agent in names}
+        assert all(len(boxes_) == 1 for boxes_ in routed.values()), routed
+        for agent, (box_id,) in routed.items():
+            prefix = snapshot.prefixes[agent].prefix
+            assert prefix.token_ids in engine.boxes[box_id].cache, f"{agent} routed to {box_id}, not held"
+        per_box = [sum(1 for group in routed.values() if b in group) for b in ("b1", "b2", "b3")]
+        assert per_box == [2, 2, 2]
+        assert w.reconciler.ready_box_ids() == {"b1", "b2", "b3"}
+
+    asyncio.run(scenario())

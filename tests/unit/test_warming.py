@@ -6,7 +6,15 @@ import asyncio
 from collections.abc import Sequence
 
 from warmer.core.errors import EngineUnavailable
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, ModelProfile, Prefix
+from warmer.core.model import (
+    BoxCapacity,
+    BoxSpec,
+    CacheStats,
+    CompletionReport,
+    EngineKind,
+    ModelProfile,
+    Prefix,
+)
 from warmer.service.warming import WarmExecutor
 
 BOX = BoxSpec(id="b", base_url="http://b:1", engine=EngineKind.SGLANG, model="m")
@@ -72,6 +80,9 @@ class FakeEngine:
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotImplementedError
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return BoxCapacity(source="fake")
 
 
 def report(prompt: int, cached: int) -> CompletionReport:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class EngineKind(enum.StrEnum):
@@ -82,12 +82,40 @@ class BoxSpec:
     slots: int = 1
     group: str = ""  # optional placement group (e.g. a rack, a region, a dedicated pool)
     cache_capacity_tokens: int | None = None  # prefix tokens the box can hold, when known
+    prefix_capacity: int | None = None  # distinct prefixes the box can hold at once, when known
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("box id must not be empty")
         if self.slots < 1:
             raise ValueError("box slots must be >= 1")
+        if self.prefix_capacity is not None and self.prefix_capacity < 1:
+            raise ValueError("box prefix_capacity must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class BoxCapacity:
+    """What a box's cache can hold beside its live calls, as the engine itself reports it.
+
+    Warming more prefixes than fit only evicts what was just warmed, so placement never gives a box more
+    than this. `prefixes`: distinct prompts held at once (llama.cpp keeps one prompt per slot);
+    `tokens`: prefix tokens (a shared token pool: vLLM blocks x block size, SGLang's token pool), already
+    reduced to the share left for prefixes beside live calls. None: the engine does not say.
+    """
+
+    prefixes: int | None = None
+    tokens: int | None = None
+    source: str = ""  # where the figures came from, for status and logs
+
+    def applied_to(self, box: BoxSpec) -> BoxSpec:
+        """The box with these limits where its configuration does not set its own (configuration wins)."""
+        return replace(
+            box,
+            prefix_capacity=box.prefix_capacity if box.prefix_capacity is not None else self.prefixes,
+            cache_capacity_tokens=(
+                box.cache_capacity_tokens if box.cache_capacity_tokens is not None else self.tokens
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)

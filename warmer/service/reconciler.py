@@ -31,6 +31,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
 from warmer.core.errors import ConfigError, StoreError, WarmerError
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     Campaign,
     LoggedEvent,
@@ -195,6 +196,9 @@ class Reconciler:
         self._epoch_tags: dict[str, str] = {}  # box id -> tag making its epoch new after a rollout
         self._fleet_lock = asyncio.Lock()  # a box added/removed never lands in the middle of a tick
         self._suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
+        # box id -> what its cache holds, as its engine reported it for its latest epoch (kept while the
+        # box is down, so an outage does not reshuffle placement)
+        self._capacity: dict[str, BoxCapacity] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -350,6 +354,7 @@ class Reconciler:
             return
         changed = await self._store.record_epoch(box.id, epoch, now)
         if epoch != live.epoch:
+            await self._read_capacity(box)
             dropped = await self._store.drop_other_epochs(box.id, epoch)
             self._records = {k: r for k, r in self._records.items() if k[0] != box.id or k[1] == epoch}
             self._log.info(
@@ -371,6 +376,30 @@ class Reconciler:
                 LoggedEvent(at=now, kind=EVENT_BOX_HEALTHY, box_id=box.id, epoch=epoch)
             )
         live.healthy, live.health_error = True, None
+
+    async def _read_capacity(self, box: BoxSpec) -> None:
+        """What the new process's cache holds (placement never gives a box more prefixes than that)."""
+        try:
+            capacity = await self._engine.capacity(box)
+        except WarmerError as exc:
+            self._log.warning("box capacity unknown", box=box.id, error=str(exc))
+            return
+        if self._capacity.get(box.id) != capacity:
+            self._log.info(
+                "box capacity",
+                box=box.id,
+                prefixes=capacity.prefixes,
+                tokens=capacity.tokens,
+                source=capacity.source,
+            )
+        self._capacity[box.id] = capacity
+
+    def _placement_boxes(self) -> list[BoxSpec]:
+        """The fleet as placement sees it: configured limits, else the engine's own capacity figures."""
+        return [
+            self._capacity[box_id].applied_to(box) if box_id in self._capacity else box
+            for box_id, box in self._boxes.items()
+        ]
 
     async def _resume_warmup(self, box_id: str, epoch: str, live: BoxLive) -> None:
         """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
@@ -469,12 +498,13 @@ class Reconciler:
             )
             for agent, ref in sorted(refs.items())
         ]
+        boxes = self._placement_boxes()
         key = (
-            tuple(sorted(self._boxes)),
+            tuple(sorted((b.id, b.prefix_capacity, b.cache_capacity_tokens) for b in boxes)),
             tuple((d.agent_id, d.prefix_hash, d.prefix_tokens, _group_key(config, d)) for d in demands),
         )
         if key != self._placement_key:
-            placement = place(list(self._boxes.values()), demands, self._config.placement)
+            placement = place(boxes, demands, self._config.placement)
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))
             self._placement, self._placement_key = placement.groups, key
@@ -918,6 +948,7 @@ class Reconciler:
                 task.cancel()
             await asyncio.gather(*mine, return_exceptions=True)
             del self._boxes[box_id]
+            self._capacity.pop(box_id, None)
             self._live.pop(box_id, None)
             self._drained.pop(box_id, None)
             self._epoch_tags.pop(box_id, None)

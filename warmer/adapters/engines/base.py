@@ -29,7 +29,7 @@ from warmer.core.errors import (
     MalformedResponse,
     NotSupported,
 )
-from warmer.core.model import BoxSpec, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.model import BoxCapacity, BoxSpec, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
 from warmer.core.promtext import MetricsTextError, Sample, parse_prometheus_text, sum_samples
 
 JsonObject = dict[str, Any]
@@ -394,6 +394,10 @@ class EngineAdapter(ABC, Generic[PromptT]):
             return await self._metrics(box)
         except EngineRejected:
             return None
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """Unknown unless the engine says: placement then relies on the box's configured limits."""
+        return BoxCapacity(source="not reported by this engine")
 
     async def _process_start(self, box: BoxSpec) -> float | None:
         samples = await self._metrics_if_exposed(box)

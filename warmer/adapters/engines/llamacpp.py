@@ -41,7 +41,7 @@ from warmer.adapters.engines.base import (
     unsupported_when_rejected,
 )
 from warmer.core.errors import MalformedResponse
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, Prefix
+from warmer.core.model import BoxCapacity, BoxSpec, CacheStats, CompletionReport, Prefix
 
 COMPLETION_PATH = "/completion"
 
@@ -71,6 +71,17 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         marker = _digest(fingerprint)
         self._watch.saw_state(box.id, marker=marker, counter=decodes)
         return f"llamacpp-{marker}-{self._watch.epoch(box.id)}"
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """One prompt per slot: llama-server keeps each slot's last prompt and picks the slot for a request
+        by longest common prefix, else the least recently used idle slot (server-context.cpp,
+        `get_available_slot`), so `total_slots` distinct prefixes can be held at once. A host prompt cache
+        (`--cache-ram`) holds more but its size is not reported: configure `prefix_capacity` for it."""
+        props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
+        slots = props.get("total_slots")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            return BoxCapacity(source="/props without total_slots")
+        return BoxCapacity(prefixes=slots, source="/props total_slots")
 
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int | str]:
         if prefix.token_ids is not None:
