@@ -14,6 +14,7 @@ from warmer.core.placement import (
     AgentDemand,
     PlacementConfig,
     UnplacedReason,
+    fit_to_capacity,
     handover,
     mix64,
     movement,
@@ -304,3 +305,22 @@ def test_handover_other_cases() -> None:
     assert result.routing["gone"] == ("b1",)  # unplaced now: keeps its old route rather than none
     assert result.routing["moved"] == ("b1",)  # b9 left the fleet; b2 not warm yet
     assert result.keep_warm["moved"] == ("b2", "b1")
+
+
+def test_retained_boxes_never_push_a_box_past_its_prefix_capacity() -> None:
+    """Move-before-switch keeps old boxes serving; on a box full with its new agents, a retained prefix
+    would be evicted by the next warm while still routed, so the quietest retained agent leaves it."""
+    spec = {b.id: replace(b, prefix_capacity=2) for b in boxes(2)}
+    previous = {"hot": ("box-0",), "quiet": ("box-1",), "mid": ("box-1",)}
+    target = {"hot": ("box-1",), "mid": ("box-1",)}  # box-0 drained; quiet fits nowhere now
+    prefix_of = {"hot": "p-hot", "quiet": "p-quiet", "mid": "p-mid"}
+    moving = handover(previous, target, prefix_of, warm=set())
+    assert moving.keep_warm["quiet"] == ("box-1",)  # without the fit: 3 prefixes on a 2-prompt box
+    fitted = fit_to_capacity(moving, target, prefix_of, spec, {"hot": 40.0, "mid": 10.0, "quiet": 1.0})
+    assert fitted.keep_warm["quiet"] == ()
+    assert fitted.routing["quiet"] == ()
+    assert fitted.keep_warm["hot"] == ("box-1", "box-0")  # hot keeps its old box until box-1 is warm
+    assert fitted.routing["hot"] == ("box-0",)
+    assert fitted.routing["mid"] == ("box-1",)
+    unlimited = {b.id: b for b in boxes(2)}
+    assert fit_to_capacity(moving, target, prefix_of, unlimited, {}) is moving

@@ -450,3 +450,46 @@ def test_a_box_is_never_given_more_prefixes_than_its_engine_says_it_holds(store_
         assert w.reconciler.ready_box_ids() == {"b1", "b2", "b3"}
 
     asyncio.run(scenario())
+
+
+def test_a_draining_box_serves_its_agent_until_the_agent_is_warm_elsewhere(store_url: str) -> None:
+    """rollout.started on the only box of an agent: the agent is warmed on another box first, and the
+    draining box keeps its route until then, so no call is sent to a cold box while a warm one exists."""
+
+    async def scenario() -> None:
+        w = world(store_url, ("b1", "b2"), min_group=1)
+        await settle(w.reconciler)
+        (home,) = route_boxes(w.reconciler, "sales")
+        other = "b2" if home == "b1" else "b1"
+        w.engine.gate = asyncio.Event()  # hold the warm on the other box in flight
+        w.reconciler.drain_boxes([home], "rollout roll-1")
+        await w.reconciler.tick()
+        assert not w.engine.warms(other)  # the gate holds the warm there
+        assert route_boxes(w.reconciler, "sales") == [home]  # still serving: nothing warm elsewhere yet
+        assert w.reconciler.drained_boxes() == frozenset()
+        w.engine.gate.set()
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, "sales") == [other]
+        assert w.reconciler.drained_boxes() == {home}
+        assert w.reconciler.ready_box_ids() == {other}
+
+    asyncio.run(scenario())
+
+
+def test_a_box_that_goes_down_hands_its_agents_to_the_fleet_and_gets_them_back(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url, ("b1", "b2"), min_group=1)
+        await settle(w.reconciler)
+        (home,) = route_boxes(w.reconciler, "sales")
+        other = "b2" if home == "b1" else "b1"
+        w.engine.boxes[home].healthy = False
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, "sales") == [other]  # warmed there, not left without a route
+        w.engine.boxes[home].healthy = True
+        w.engine.restart(home)
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, "sales") == [home]  # the stable mapping comes back, warm
+        records = {(r.box_id, r.state) for r in await w.store.list_warm() if r.epoch.startswith("gen")}
+        assert (other, WarmState.WARM) not in records  # released on the stand-in once home served again
+
+    asyncio.run(scenario())

@@ -425,3 +425,45 @@ def handover(
         if waiting:
             pending[agent] = tuple(waiting)
     return Handover(routing=routing, keep_warm=keep_warm, pending=pending)
+
+
+def fit_to_capacity(
+    moving: Handover,
+    target: Mapping[str, Sequence[str]],
+    prefix_of: Mapping[str, str],
+    boxes: Mapping[str, BoxSpec],
+    priority: Mapping[str, float],
+) -> Handover:
+    """Drop retained (old) memberships that would make a box hold more prefixes than it can.
+
+    `place` keeps the target within every box's capacity, but move-before-switch keeps an agent's old boxes
+    serving until its new ones are warm; on a box that is full with its new agents, such a retained prefix
+    is evicted by the next warm while still routed. So the quietest retained agents (`priority`: calls per
+    minute, lowest first) leave such a box at once, from both routing and keep-warm.
+    """
+    held: dict[str, set[str]] = {}
+    retained: list[tuple[float, str, str]] = []  # (priority, agent, box)
+    for agent, group in moving.keep_warm.items():
+        wanted = set(target.get(agent, ()))
+        prefix = prefix_of.get(agent, f"agent:{agent}")
+        for box_id in group:
+            if box_id in wanted:
+                held.setdefault(box_id, set()).add(prefix)
+            else:
+                retained.append((priority.get(agent, 0.0), agent, box_id))
+    dropped: set[tuple[str, str]] = set()
+    for _, agent, box_id in sorted(retained, key=lambda item: (-item[0], item[1])):
+        prefix = prefix_of.get(agent, f"agent:{agent}")
+        on_box = held.setdefault(box_id, set())
+        limit = boxes[box_id].prefix_capacity if box_id in boxes else None
+        if prefix in on_box or limit is None or len(on_box) < limit:
+            on_box.add(prefix)
+        else:
+            dropped.add((agent, box_id))
+    if not dropped:
+        return moving
+
+    def without(groups: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        return {agent: tuple(b for b in group if (agent, b) not in dropped) for agent, group in groups.items()}
+
+    return Handover(routing=without(moving.routing), keep_warm=without(moving.keep_warm), pending=moving.pending)

@@ -42,7 +42,7 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
-from warmer.core.placement import AgentDemand, PlacementConfig, handover, place
+from warmer.core.placement import AgentDemand, PlacementConfig, fit_to_capacity, handover, place
 from warmer.core.planner import (
     AbandonWarm,
     Action,
@@ -336,8 +336,6 @@ class Reconciler:
         live = self._live.get(box.id)
         if live is None:
             return  # removed from the fleet while it was being polled
-        if box.id in self._drained:
-            healthy, epoch, error = False, None, self._drained[box.id]
         if not healthy or epoch is None:
             if live.healthy:
                 self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
@@ -393,6 +391,16 @@ class Reconciler:
                 source=capacity.source,
             )
         self._capacity[box.id] = capacity
+
+    def _eligible_boxes(self) -> frozenset[str]:
+        """Boxes placement may give agents to: up, and not being drained for a rollout. A box that goes
+        down hands its agents to the rest of the fleet at once (warmed there before traffic moves); they
+        come back when it is up again, since rendezvous ranks are fixed."""
+        return frozenset(
+            box_id
+            for box_id, live in self._live.items()
+            if live.healthy and live.epoch is not None and box_id not in self._drained
+        )
 
     def _placement_boxes(self) -> list[BoxSpec]:
         """The fleet as placement sees it: configured limits, else the engine's own capacity figures."""
@@ -461,12 +469,10 @@ class Reconciler:
         )
         target = self._place(refs, volume)
         warm = {(r.box_id, r.prefix_hash) for r in self._trusted_records().values() if is_serving(r)}
-        moving = handover(
-            self._routing,
-            target,
-            {agent: ref.hash for agent, ref in refs.items()},
-            warm,
-            existing=self._boxes.keys(),
+        prefix_of = {agent: ref.hash for agent, ref in refs.items()}
+        moving = handover(self._routing, target, prefix_of, warm, existing=self._boxes.keys())
+        moving = fit_to_capacity(
+            moving, target, prefix_of, {b.id: b for b in self._placement_boxes()}, volume
         )
         self._routing = dict(moving.routing)
         self._precall = {agent: until for agent, until in self._precall.items() if until > now}
@@ -499,12 +505,14 @@ class Reconciler:
             for agent, ref in sorted(refs.items())
         ]
         boxes = self._placement_boxes()
+        eligible = self._eligible_boxes()
         key = (
             tuple(sorted((b.id, b.prefix_capacity, b.cache_capacity_tokens) for b in boxes)),
+            tuple(sorted(eligible)),
             tuple((d.agent_id, d.prefix_hash, d.prefix_tokens, _group_key(config, d)) for d in demands),
         )
         if key != self._placement_key:
-            placement = place(boxes, demands, self._config.placement)
+            placement = place(boxes, demands, self._config.placement, eligible=eligible)
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))
             self._placement, self._placement_key = placement.groups, key
@@ -528,6 +536,7 @@ class Reconciler:
                     epoch=live.epoch,
                     warmup=live.warmup,
                     warmup_finished_at=live.warmup_finished_at,
+                    draining=box_id in self._drained,
                 )
                 for box_id, live in self._live.items()
             },
@@ -900,17 +909,24 @@ class Reconciler:
         self.poke()
 
     def drain_boxes(self, box_ids: Sequence[str], reason: str) -> None:
-        """Take boxes out of every route and out of readiness at once (a rollout will restart them); no
-        warm work is planned for them until `undrain_boxes`."""
+        """A rollout will restart these boxes: hand their agents to the rest of the fleet first.
+
+        The boxes leave placement at once, so their agents are warmed on other boxes; move-before-switch
+        keeps routing calls to a draining box until the agent is warm elsewhere, so no call meets a cold
+        box while a warm one exists. A box is drained (`drained_boxes`) once no route uses it; it leaves
+        every route at once when it goes down."""
         unknown = [box_id for box_id in box_ids if box_id not in self._boxes]
         if unknown:
             raise ConfigError([("box_ids", f"unknown boxes: {', '.join(unknown)}")])
         for box_id in box_ids:
             self._drained[box_id] = reason
-            live = self._live[box_id]
-            live.healthy, live.health_error = False, reason
         self._notify_changed()
         self.poke()
+
+    def drained_boxes(self) -> frozenset[str]:
+        """Draining boxes that no route uses any more: safe to restart without a call meeting them."""
+        routed = {box_id for group in self._routing.values() for box_id in group}
+        return frozenset(box_id for box_id in self._drained if box_id not in routed)
 
     def undrain_boxes(self, box_ids: Sequence[str], epoch_tag: str) -> None:
         """Back in service as a NEW epoch (`<engine epoch>~<tag>`), even when the engine's own identity did
