@@ -464,6 +464,8 @@ def fit_to_capacity(
         return moving
 
     def without(groups: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-        return {agent: tuple(b for b in group if (agent, b) not in dropped) for agent, group in groups.items()}
+        return {agent: tuple(b for b in g if (agent, b) not in dropped) for agent, g in groups.items()}
 
-    return Handover(routing=without(moving.routing), keep_warm=without(moving.keep_warm), pending=moving.pending)
+    return Handover(
+        routing=without(moving.routing), keep_warm=without(moving.keep_warm), pending=moving.pending
+    )
