@@ -98,6 +98,30 @@ def test_pick_is_stable_per_call_and_follows_the_weights() -> None:
             assert pick_route(without_b2, f"call-{i}", rng).box_id == before
 
 
+def test_a_burst_of_asks_spreads_over_the_warm_boxes_by_load_and_each_call_keeps_its_box() -> None:
+    """1,000 asks for a warm agent routed to three boxes: an even spread (the rendezvous pick alone lands
+    by chance, ~±30 here), a ramping box its slice, retries stay put, and a box leaving the route moves only
+    its own calls."""
+    clock = FakeClock()
+    backend = FakeBackend(
+        Answer("b1", WarmState.WARM, True), routes=(Route("b1", 1.0), Route("b2", 1.0), Route("b3", 1.0))
+    )
+    service = PrewarmService(backend, clock)
+    first = {f"c{i}": run(service.prewarm(PrewarmAsk("sales", call_id=f"c{i}"))).box_id for i in range(999)}
+    spread = Counter(first.values())
+    assert max(spread.values()) - min(spread.values()) <= 1
+    assert all(run(service.prewarm(PrewarmAsk("sales", call_id=f"c{i}"))).box_id == first[f"c{i}"]
+               for i in range(0, 999, 37))  # fmt: skip
+    backend.routes = (Route("b1", 1.0), Route("b3", 1.0))
+    moved = {c: run(service.prewarm(PrewarmAsk("sales", call_id=c))).box_id for c in list(first)[:300]}
+    assert all(moved[c] == first[c] for c in moved if first[c] != "b2")
+    assert {moved[c] for c in moved if first[c] == "b2"} <= {"b1", "b3"}
+    clock.t += 60.0  # the window has passed: a ramping box gets its slice of new calls
+    backend.routes = (Route("b1", 1.0), Route("b2", 0.1))
+    ramp = Counter(run(service.prewarm(PrewarmAsk("sales", call_id=f"n{i}"))).box_id for i in range(220))
+    assert ramp["b2"] == pytest.approx(20, abs=2)
+
+
 def test_meter_counts_asks_per_agent_over_its_window() -> None:
     clock = FakeClock(1000.0)
     meter = CallVolumeMeter(clock, window_seconds=60.0)

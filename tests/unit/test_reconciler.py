@@ -493,3 +493,22 @@ def test_a_box_that_goes_down_hands_its_agents_to_the_fleet_and_gets_them_back(s
         assert (other, WarmState.WARM) not in records  # released on the stand-in once home served again
 
     asyncio.run(scenario())
+
+
+def test_an_agent_that_fits_nowhere_warm_gets_a_cold_box_named_not_a_refusal(store_url: str) -> None:
+    async def scenario() -> None:
+        engine = FakeEngine(["b1"])
+        engine.boxes["b1"].holds = 1
+        w = world(store_url, ("b1",), ("a1", "a2"), engine=engine, min_group=1)
+        await settle(w.reconciler)
+        placed = [a for a in ("a1", "a2") if route_boxes(w.reconciler, a)]
+        assert len(placed) == 1  # one prompt fits: the other agent is not warmed over it
+        (left_out,) = {"a1", "a2"} - set(placed)
+        answer = await w.reconciler.ensure_warm(left_out, wait_seconds=0.0)
+        assert (answer.box_id, answer.state, answer.routed) == ("b1", WarmState.COLD, False)
+        assert "cold" in answer.detail
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, placed[0]) == ["b1"]  # the warm agent kept its box
+        assert not w.engine.warms("b1")[1:]  # one warm in all: nothing thrashes the single prompt
+
+    asyncio.run(scenario())

@@ -42,7 +42,14 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
-from warmer.core.placement import AgentDemand, PlacementConfig, fit_to_capacity, handover, place
+from warmer.core.placement import (
+    AgentDemand,
+    PlacementConfig,
+    fit_to_capacity,
+    handover,
+    place,
+    stable_seed,
+)
 from warmer.core.planner import (
     AbandonWarm,
     Action,
@@ -1120,8 +1127,28 @@ class Reconciler:
             self._charge(box_id, computed.prefix.token_count, now)
             waiter = self._start_engine_work(box_id, live.epoch, prefix_hash, "precall", probe=False)
             return EnsureResult(agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming"), waiter
-        none = EnsureResult(agent_id, None, None, False, prefix_hash, "no warmed-up box in its group")
-        return first or none, None
+        if first is not None:
+            return first, None
+        return self._cold_stand_in(agent_id, prefix_hash), None
+
+    def _cold_stand_in(self, agent_id: str, prefix_hash: str) -> EnsureResult:
+        """No box of the agent's group can take the call (all down, or the agent fits nowhere warm): name a
+        healthy, warmed-up box of its model anyway, cold and not ready, rather than no box at all. The same
+        box every time for one agent (rendezvous), so its calls at least warm one cache."""
+        model = self._agents[agent_id].model
+        candidates = [
+            box_id
+            for box_id, box in self._boxes.items()
+            if box.model == model
+            and box_id not in self._drained
+            and self._live[box_id].healthy
+            and self._live[box_id].warmup is WarmupStatus.DONE
+        ]
+        if not candidates:
+            return EnsureResult(agent_id, None, None, False, prefix_hash, "no warmed-up box serves its model")
+        box_id = max(candidates, key=lambda b: stable_seed("stand-in", agent_id, b))
+        detail = "no warm box in its group: this box is cold for the agent"
+        return EnsureResult(agent_id, box_id, WarmState.COLD, False, prefix_hash, detail)
 
     def _charge(self, box_id: str, tokens: int, now: float) -> None:
         """A pre-call warm jumps the queue but still pays the box's token budget (others then wait)."""
