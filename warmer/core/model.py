@@ -47,8 +47,13 @@ class RestartRecipe:
     constrained: ConstrainedRequest | None = field(default_factory=ConstrainedRequest)
     burst_levels: tuple[int, ...] = (1, 4, 16)  # concurrency levels, capped at the box's slot count
     burst_max_tokens: int = 4
-    long_prefill_tokens: int = 0  # 0 = context length minus a margin
+    # 0 = sized to the longest prompt the box's calls send: the longest stable prefix of the model's
+    # agents times `long_prefill_headroom` (their dynamic tail and a few turns), within the context minus a
+    # margin; the whole context when no prefix is known yet. A prefill longer than any real request only
+    # adds warm traffic on every box at every restart.
+    long_prefill_tokens: int = 0
     long_prefill_margin_tokens: int = 64
+    long_prefill_headroom: float = 1.25
 
 
 @dataclass(frozen=True, slots=True)

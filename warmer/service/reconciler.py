@@ -621,7 +621,9 @@ class Reconciler:
         outcome: RestartOutcome | None = None
         error: str | None = None
         try:
-            outcome = await self._restart.run(box, profile, action.epoch)
+            outcome = await self._restart.run(
+                box, profile, action.epoch, longest_prefix=self._longest_prefix(box.model)
+            )
             error = outcome.error
         except WarmerError as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -706,6 +708,15 @@ class Reconciler:
             if not waiter.done():
                 waiter.set_result(result)
             self.poke()
+
+    def _longest_prefix(self, model: str) -> int | None:
+        """The longest current stable prefix among the agents of `model` (sizes the restart long prefill)."""
+        sizes = [
+            computed.prefix.token_count
+            for agent_id, computed in self._prefixes.items()
+            if self._agents[agent_id].model == model
+        ]
+        return max(sizes, default=None)
 
     def _prefix_of(self, prefix_hash: str) -> Prefix | None:
         for computed in self._prefixes.values():
