@@ -81,7 +81,7 @@ class TimedEngine:
         return f"gen-{self.generation}"
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         assert prefix.token_ids is not None
         (self.probes if suffix.startswith("\n#probe") else self.warms)[box.id] += 1
@@ -163,6 +163,9 @@ class NaiveBackend:
 
     def box(self, box_id: str) -> BoxSpec | None:
         return next((b for b in self._boxes if b.id == box_id), None)
+
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        return None
 
 
 async def ready() -> Readiness:

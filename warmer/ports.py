@@ -44,9 +44,12 @@ class EnginePort(Protocol):
         ...
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
-        """Send the prefix (plus an optional short suffix) greedily; report cached prompt tokens."""
+        """Send the prefix (plus an optional short suffix) greedily; report cached prompt tokens.
+
+        `slot`: run it in that engine slot, where the engine has pinnable slots (`BoxCapacity`); ignored
+        elsewhere."""
         ...
 
     async def complete_prompt(

@@ -62,6 +62,7 @@ class FakeBox:
     generation: int = 0
     cache: dict[tuple[int, ...], None] = field(default_factory=dict)  # insertion order = LRU order
     holds: int | None = None
+    pinnable: bool = False  # `holds` slots that a request may name (llama.cpp id_slot)
 
     def use(self, prompt: tuple[int, ...]) -> bool:
         """Send `prompt` through the cache: True when it was held; it is then the most recent."""
@@ -87,6 +88,7 @@ class FakeEngine:
         self.warm_requests: Counter[str] = Counter()
         self.probe_requests: Counter[str] = Counter()
         self.prefix_log: list[tuple[str, str, float]] = []  # (box, warm|probe, clock time)
+        self.slots_named: list[tuple[str, str, int | None]] = []  # (box, warm|probe, id_slot sent)
         self.in_flight_prompts = 0
         self.max_in_flight_prompts = 0
         self.gate: asyncio.Event | None = None
@@ -112,7 +114,7 @@ class FakeEngine:
         return f"gen-{self.boxes[box.id].generation}"
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         if self.gate is not None:
             await self.gate.wait()
@@ -122,12 +124,14 @@ class FakeEngine:
         self.prefix_log.append((box.id, kind, self.clock.now() if self.clock is not None else 0.0))
         assert prefix.token_ids is not None
         hit = self.boxes[box.id].use(prefix.token_ids)
+        self.slots_named.append((box.id, kind, slot))
         cached = prefix.token_count - 1 if hit else 0  # llama.cpp recomputes the last prompt token
         return CompletionReport(
             prompt_tokens=prefix.token_count + len(suffix),
             cached_tokens=cached,
             wall_seconds=0.0,
             engine_seconds=0.001,
+            slot=slot,
         )
 
     async def complete_prompt(
@@ -163,7 +167,10 @@ class FakeEngine:
         raise NotSupported(box.id, "fake")
 
     async def capacity(self, box: BoxSpec) -> BoxCapacity:
-        return BoxCapacity(prefixes=self.boxes[box.id].holds, source="fake")
+        fake = self.boxes[box.id]
+        return BoxCapacity(
+            prefixes=fake.holds, pinnable_slots=fake.holds if fake.pinnable else None, source="fake"
+        )
 
 
 def agent(agent_id: str, text: str | None = None) -> AgentSpec:

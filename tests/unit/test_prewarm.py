@@ -55,6 +55,7 @@ class FakeBackend:
     asked: list[tuple[str, float]] = field(default_factory=list)
     clock: FakeClock | None = None
     takes_seconds: float = 0.0
+    slots: dict[str, int] = field(default_factory=dict)
 
     def knows(self, agent_id: str) -> bool:
         return agent_id == "sales"
@@ -70,6 +71,9 @@ class FakeBackend:
 
     def box(self, box_id: str) -> BoxSpec | None:
         return self.boxes.get(box_id)
+
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        return self.slots.get(box_id)
 
 
 def run(ask: Coroutine[Any, Any, PrewarmAnswer]) -> PrewarmAnswer:
@@ -298,3 +302,11 @@ def test_a_burst_of_1000_asks_for_a_cold_agent_sends_exactly_one_warm_per_box(st
         await w.store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_routed_answer_names_the_slot_holding_the_prefix_where_slots_are_pinned() -> None:
+    backend = FakeBackend(Answer("b1", WarmState.WARM, True), routes=(Route("b1", 1.0),), slots={"b1": 1})
+    answer = run(PrewarmService(backend, FakeClock()).prewarm(PrewarmAsk("sales", call_id="c1")))
+    assert (answer.box_id, answer.slot, answer.as_json()["slot"]) == ("b1", 1, 1)
+    cold = FakeBackend(Answer("b1", WarmState.COLD, False), slots={"b1": 1})
+    assert run(PrewarmService(cold, FakeClock()).prewarm(PrewarmAsk("sales"))).slot is None  # not ready

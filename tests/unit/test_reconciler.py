@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import Counter
 
 import httpx
 import pytest
@@ -518,5 +519,35 @@ def test_an_agent_that_fits_nowhere_warm_gets_a_cold_box_named_not_a_refusal(sto
         await settle(w.reconciler)
         assert route_boxes(w.reconciler, placed[0]) == ["b1"]  # the warm agent kept its box
         assert not w.engine.warms("b1")[1:]  # one warm in all: nothing thrashes the single prompt
+
+    asyncio.run(scenario())
+
+
+def test_on_pinnable_slots_each_prefix_gets_a_slot_of_its_own_and_keeps_it(store_url: str) -> None:
+    """llama.cpp keeps one prompt per slot and runs a request in the slot it names: two agents on a
+    two-slot box are warmed into different slots, and warmer's later requests for a prefix (probes after a
+    daemon restart here) name the same slot, so they never evict the neighbour."""
+
+    async def scenario() -> None:
+        engine = FakeEngine(["b1"])
+        engine.boxes["b1"].holds = 2
+        engine.boxes["b1"].pinnable = True
+        w = world(store_url, ("b1",), ("a1", "a2"), engine=engine, min_group=1)
+        await settle(w.reconciler)
+        warm_slots = {slot for box, kind, slot in engine.slots_named if kind == "warm"}
+        assert warm_slots == {0, 1}
+        pinned = {agent: w.reconciler.prefix_slot(agent, "b1") for agent in ("a1", "a2")}
+        assert set(pinned.values()) == {0, 1}
+        # every request of one warm (the warm and its verification) ran in the warm's slot
+        per_slot = Counter(slot for _, _, slot in engine.slots_named)
+        assert set(per_slot) == {0, 1}
+        engine.slots_named.clear()
+        await w.reconciler.drain()
+        w.reconciler.set_suspect("b1", True)  # probes of both prefixes
+        w.clock.t += 120.0
+        await settle(w.reconciler)
+        probes = [(kind, slot) for _, kind, slot in engine.slots_named if kind == "probe"]
+        assert sorted(slot for _, slot in probes) == [0, 1]
+        assert {agent: w.reconciler.prefix_slot(agent, "b1") for agent in ("a1", "a2")} == pinned
 
     asyncio.run(scenario())

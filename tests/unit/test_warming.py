@@ -44,7 +44,7 @@ class FakeEngine:
         self.suffixes: list[str] = []
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         self.suffixes.append(suffix)
         if not suffix:

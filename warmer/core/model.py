@@ -111,6 +111,9 @@ class BoxCapacity:
     prefixes: int | None = None
     tokens: int | None = None
     source: str = ""  # where the figures came from, for status and logs
+    # One prompt per slot, and a request may name its slot (llama.cpp `id_slot`): warmer then pins each
+    # prefix to a slot of its own, so its own requests and pinned calls never evict a neighbour's prompt.
+    pinnable_slots: int | None = None
 
     def applied_to(self, box: BoxSpec) -> BoxSpec:
         """The box with these limits where its configuration does not set its own (configuration wins)."""
@@ -185,6 +188,7 @@ class CompletionReport:
     wall_seconds: float
     engine_seconds: float | None = None  # the engine's own prefill+decode time when it reports one
     text: str = ""
+    slot: int | None = None  # the engine slot that served it, where the engine has slots (llama.cpp)
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,10 @@ class PrewarmBackend(Protocol):
 
     def box(self, box_id: str) -> BoxSpec | None: ...
 
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        """The engine slot holding the agent's prefix on the box, where slots are pinned (llama.cpp)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PrewarmAsk:
@@ -119,6 +123,9 @@ class PrewarmAnswer:
     ready: bool  # the box is in the agent's route: its prefix is verified warm there
     waited_ms: int
     detail: str = ""
+    # llama.cpp boxes: the slot holding the prefix. A call that sends it as `id_slot` waits for that slot
+    # when it is busy instead of evicting another agent's prompt from the other one.
+    slot: int | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -130,6 +137,7 @@ class PrewarmAnswer:
             "ready": self.ready,
             "waited_ms": self.waited_ms,
             "detail": self.detail,
+            "slot": self.slot,
         }
 
 
@@ -336,6 +344,7 @@ class PrewarmService:
             ready=answer.routed,
             waited_ms=waited_ms,
             detail=answer.detail,
+            slot=self._backend.slot(ask.agent_id, box_id) if answer.routed else None,
         )
 
 
@@ -368,3 +377,6 @@ class ReconcilerBackend:
 
     def box(self, box_id: str) -> BoxSpec | None:
         return self._running().fleet().get(box_id)
+
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        return self._running().prefix_slot(agent_id, box_id)

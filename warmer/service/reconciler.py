@@ -206,6 +206,10 @@ class Reconciler:
         # box id -> what its cache holds, as its engine reported it for its latest epoch (kept while the
         # box is down, so an outage does not reshuffle placement)
         self._capacity: dict[str, BoxCapacity] = {}
+        # (box, epoch, prefix) -> the engine slot holding it, on engines with pinnable slots (llama.cpp):
+        # a warm reserves a slot no other kept prefix of the box holds, and every later request of
+        # warmer's for that prefix (keepalive, probe) and every pinned call runs there
+        self._pins: dict[WarmKey, int] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -362,6 +366,7 @@ class Reconciler:
             await self._read_capacity(box)
             dropped = await self._store.drop_other_epochs(box.id, epoch)
             self._records = {k: r for k, r in self._records.items() if k[0] != box.id or k[1] == epoch}
+            self._pins = {k: s for k, s in self._pins.items() if k[0] != box.id or k[1] == epoch}
             self._log.info(
                 "box epoch",
                 box=box.id,
@@ -594,6 +599,36 @@ class Reconciler:
             return
         await self._store.put_warm(updated, reason=reason, previous=record.state)
         self._records[key] = updated
+        if not is_serving(updated) and updated.state is not WarmState.WARMING:
+            self._pins.pop(key, None)
+
+    def _pin_for(self, key: WarmKey) -> int | None:
+        """The slot for a warm of `key`: the one it holds, else a slot no other kept prefix of the box holds
+        (reserved now, so two warms in flight never pick the same), else none (the engine chooses)."""
+        if key in self._pins:
+            return self._pins[key]
+        capacity = self._capacity.get(key[0])
+        if capacity is None or not capacity.pinnable_slots:
+            return None
+        taken = {slot for (b, e, _), slot in self._pins.items() if b == key[0] and e == key[1]}
+        free = [slot for slot in range(capacity.pinnable_slots) if slot not in taken]
+        if not free:
+            return None
+        self._pins[key] = free[0]
+        return free[0]
+
+    def prefix_slot(self, agent_id: str, box_id: str) -> int | None:
+        """The engine slot holding the agent's current prefix on the box, when pinned (llama.cpp): a call
+        that names it (`id_slot`) waits for its own slot instead of evicting another agent's prompt."""
+        computed = self._prefixes.get(agent_id)
+        live = self._live.get(box_id)
+        if computed is None or live is None or live.epoch is None:
+            return None
+        key = (box_id, live.epoch, computed.prefix.hash)
+        record = self._records.get(key)
+        if record is None or not is_serving(record):
+            return None
+        return self._pins.get(key)
 
     def _spawn(self, work: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(work)
@@ -743,7 +778,7 @@ class Reconciler:
             started, reason=f"warm started: {reason}", previous=record.state if record is not None else None
         )
         self._records[key] = started
-        outcome = await self._executor.warm_and_verify(box, profile, prefix)
+        outcome = await self._executor.warm_and_verify(box, profile, prefix, slot=self._pin_for(key))
         return await self._finish(key, started, outcome, kind="warm", reason=reason)
 
     async def _probe(self, box_id: str, epoch: str, prefix_hash: str, reason: str) -> WarmRecord | None:
@@ -752,7 +787,7 @@ class Reconciler:
         record = self._records.get(key)
         if prefix is None or record is None or self._live[box_id].epoch != epoch:
             return None
-        outcome = await self._executor.probe(box, self._profiles[box.model], prefix)
+        outcome = await self._executor.probe(box, self._profiles[box.model], prefix, slot=self._pins.get(key))
         return await self._finish(key, record, outcome, kind="probe", reason=reason)
 
     async def _finish(
@@ -789,6 +824,10 @@ class Reconciler:
             return record
         await self._store.put_warm(updated, reason=why, previous=record.state)
         self._records[key] = updated
+        if outcome.verified and outcome.slot is not None:
+            self._pins[key] = outcome.slot
+        elif not outcome.verified:
+            self._pins.pop(key, None)
         verdict = "verified" if outcome.verified else ("cold" if kind == "probe" else "failed")
         self._observer.warm_finished(box_id, kind, reason, verdict, outcome.wall_seconds)
         if not outcome.verified:
@@ -987,6 +1026,7 @@ class Reconciler:
             self._drained.pop(box_id, None)
             self._epoch_tags.pop(box_id, None)
             self._records = {k: r for k, r in self._records.items() if k[0] != box_id}
+            self._pins = {k: s for k, s in self._pins.items() if k[0] != box_id}
             self._routing = {a: tuple(b for b in group if b != box_id) for a, group in self._routing.items()}
             if self._desired is not None:
                 desired = self._desired

@@ -33,6 +33,7 @@ class WarmOutcome:
     engine_seconds: float | None  # sum of the engine's own timings, when it reports them
     block_tokens: int = 1
     reason: str | None = None  # why it is not verified
+    slot: int | None = None  # the engine slot the last request ran in, where the engine has slots
 
     def describe(self) -> str:
         cached = "?" if self.cached_tokens is None else str(self.cached_tokens)
@@ -75,9 +76,12 @@ class WarmExecutor:
     def _warm_suffix(self, round_no: int, index: int) -> str:
         return f"\n#warm {round_no}.{index} {self._nonce()}"
 
-    async def warm_and_verify(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
-        """Warm `prefix` on `box` and probe until the engine reports the hit (bounded)."""
-        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+    async def warm_and_verify(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, slot: int | None = None
+    ) -> WarmOutcome:
+        """Warm `prefix` on `box` and probe until the engine reports the hit (bounded); `slot` pins every
+        request to that engine slot (see `EnginePort.complete_prefix`)."""
+        run = _Run(box, profile, prefix, started=self._clock.monotonic(), slot=slot)
         rounds = self._max_rounds if profile.running_state else 1
         try:
             for round_no in range(1, rounds + 1):
@@ -85,9 +89,9 @@ class WarmExecutor:
                 if profile.running_state:
                     for index in range(max(1, profile.warm_requests_per_prefix)):
                         suffix = self._warm_suffix(round_no, index)
-                        run.add(await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1))
+                        run.add(await self._send(box, prefix, run, suffix=suffix))
                 else:
-                    report = await self._engine.complete_prefix(box, prefix, max_tokens=1)
+                    report = await self._send(box, prefix, run)
                     run.add(report)
                     # The prefix alone: the engine's own token count for it is the honest bar to clear.
                     run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
@@ -97,9 +101,11 @@ class WarmExecutor:
             return run.outcome(self._clock.monotonic(), verified=False, reason=f"engine error: {exc}")
         return run.outcome(self._clock.monotonic(), verified=False, reason=run.miss_reason(rounds))
 
-    async def probe(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
+    async def probe(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, slot: int | None = None
+    ) -> WarmOutcome:
         """One probe: is the prefix still cached? (It also touches it, like any request would.)"""
-        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+        run = _Run(box, profile, prefix, started=self._clock.monotonic(), slot=slot)
         run.rounds = 1
         try:
             verified = self._judge(run, await self._probe_report(box, prefix, run))
@@ -108,8 +114,14 @@ class WarmExecutor:
         reason = None if verified else run.miss_reason(1)
         return run.outcome(self._clock.monotonic(), verified=verified, reason=reason)
 
+    async def _send(self, box: BoxSpec, prefix: Prefix, run: _Run, *, suffix: str = "") -> CompletionReport:
+        report = await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1, slot=run.slot)
+        if report.slot is not None:
+            run.slot = report.slot
+        return report
+
     async def _probe_report(self, box: BoxSpec, prefix: Prefix, run: _Run) -> CompletionReport:
-        report = await self._engine.complete_prefix(box, prefix, suffix=self._probe_suffix(), max_tokens=1)
+        report = await self._send(box, prefix, run, suffix=self._probe_suffix())
         run.add(report)
         run.cached_tokens = report.cached_tokens
         run.probe_prompt_tokens = report.prompt_tokens
@@ -129,8 +141,11 @@ class WarmExecutor:
 class _Run:
     """Mutable tally of one warm-and-verify: evidence accumulates, then freezes into a WarmOutcome."""
 
-    def __init__(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, started: float) -> None:
+    def __init__(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, started: float, slot: int | None = None
+    ) -> None:
         self.box = box
+        self.slot = slot  # pinned by the caller, else the slot the engine chose for the first request
         self.prefix = prefix
         self.started = started
         self.block_tokens = max(1, profile.block_tokens)
@@ -174,4 +189,5 @@ class _Run:
             engine_seconds=self.engine_seconds,
             block_tokens=self.block_tokens,
             reason=None if verified else reason,
+            slot=self.slot,
         )

@@ -81,7 +81,15 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         slots = props.get("total_slots")
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             return BoxCapacity(source="/props without total_slots")
-        return BoxCapacity(prefixes=slots, source="/props total_slots")
+        # `id_slot` in a completion body runs it in that slot (server-context.cpp `get_available_slot`:
+        # "if a specific slot is requested, use it"), the OpenAI-style routes included.
+        return BoxCapacity(prefixes=slots, pinnable_slots=slots, source="/props total_slots")
+
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
+    ) -> CompletionReport:
+        prompt = await self._prompt_for(box, prefix, suffix)
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, slot=slot)
 
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int | str]:
         if prefix.token_ids is not None:
@@ -99,6 +107,7 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         temperature: float,
         json_schema: dict[str, object] | None = None,
         time_limit: float | None = None,
+        slot: int | None = None,
     ) -> CompletionReport:
         body: JsonObject = {
             "prompt": prompt,
@@ -109,6 +118,8 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         }
         if json_schema is not None:
             body["json_schema"] = json_schema
+        if slot is not None:
+            body["id_slot"] = slot
         response, wall = await self._http.post_json(box, COMPLETION_PATH, body, time_limit=time_limit)
         return parse_completion(box, response, wall)
 
@@ -158,10 +169,12 @@ def parse_completion(box: BoxSpec, body: JsonObject, wall_seconds: float) -> Com
     content = body.get("content")
     total = cached + computed
     check_cached_within_prompt(box, COMPLETION_PATH, total, cached)
+    slot = body.get("id_slot")  # the slot that ran it (server-task.cpp result `to_json`)
     return CompletionReport(
         prompt_tokens=total,
         cached_tokens=cached,
         wall_seconds=wall_seconds,
         engine_seconds=engine,
         text=content if isinstance(content, str) else "",
+        slot=slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None,
     )
