@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
 import pytest
 from click.testing import CliRunner
 
-from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR, REPO, byte_tokenize, chatml, spec, word_tokenize
+from tests.unit.prompt_helpers import (
+    AGENTS_DIR,
+    MODELS_DIR,
+    REPO,
+    byte_tokenize,
+    chatml,
+    spec,
+    tool,
+    word_tokenize,
+)
+from tests.unit.test_prefix import TOOLS_AFTER_SYSTEM
 from warmer.cli import main
 from warmer.cli.prompts import PROMPT_TOOLS_KEY, lint_command, render_command
 from warmer.config.agents import load_agent_specs
+from warmer.core.agents import FewShotMessage
+from warmer.core.chat_template import ChatTemplate
 from warmer.core.lint import (
     TokenCountObservation,
     detect_tokenizer_drift,
@@ -58,7 +71,9 @@ def test_early_value_reports_position_cost_and_advice() -> None:
     assert advice == {"move {now} from block 'persona' line 2 to the dynamic tail"}
     static = [f for f in result.findings if f.code == "per-call-value-in-static-text"]
     assert [f.location for f in static] == ["block 'persona' line 2", "block 'persona' line 2"]
-    assert "already there" in next(f.advice for f in static if "{customer_name}" in f.message)
+    assert "the dynamic tail already has it" in next(
+        f.advice for f in static if "{customer_name}" in f.message
+    )
 
 
 def test_good_layout_has_no_findings_and_ideal_share() -> None:
@@ -247,3 +262,115 @@ def test_cli_render_uses_injected_engine_tools() -> None:
     assert seen == ["tiny-demo"]
     assert body["token_ids"] == word_tokenize(body["text"])
     assert body["text"].endswith("Customer:")  # word tokens: the space belongs to the name
+
+
+# --- repeated heuristic warnings ------------------------------------------------------------------------
+
+
+def test_a_table_of_opening_hours_is_one_warning_with_a_count_and_the_first_places() -> None:
+    days = ("Mon", "Tue", "Wed", "Thu", "Fri")
+    table = "\n".join(f"Store {i} {days[i % 5]}: opens 09:{i % 60:02d}" for i in range(45))
+    agent = spec(blocks=(("persona", "You are Maya."), ("reference", "Opening hours:\n" + table)))
+
+    findings = [
+        f for f in lint_agent(agent, chatml, byte_tokenize).findings if f.code == "looks-per-call-time"
+    ]
+
+    assert len(findings) == 1
+    (finding,) = findings
+    assert finding.count == 45
+    assert [p.describe() for p in finding.places] == [f"block 'reference' line {n}" for n in (2, 3, 4)]
+    assert finding.location == "block 'reference' line 2"
+    assert "45 values" in finding.message
+    assert "'09:00' (block 'reference' line 2)" in finding.message
+    assert "and 42 more" in finding.message
+
+
+def test_one_per_call_looking_value_keeps_its_single_message() -> None:
+    agent = spec(blocks=(("persona", "You are Maya."), ("reference", "It is 14:05 now.")))
+    (finding,) = scan_static_text(agent)
+    assert finding.count == 1
+    assert finding.message == "time '14:05' in static text looks like a per-call value"
+
+
+# --- where the dynamic tail is rendered -----------------------------------------------------------------
+
+
+def _tools_after_system() -> ChatTemplate:
+    return ChatTemplate(TOOLS_AFTER_SYSTEM)
+
+
+def test_system_end_tail_before_the_tools_reports_their_cost_and_an_own_message() -> None:
+    template = _tools_after_system()
+    tools = (tool("send_offer_link", "Send the offer link. " * 20), tool("end_call"))
+    agent = spec(tools=tools, placement="system_end")
+    as_message = spec(tools=tools, placement="message")
+
+    result = lint_agent(agent, template, byte_tokenize)
+    fixed = compute_stable_prefix(as_message, template, byte_tokenize)
+
+    assert result.tool_tokens > 900
+    assert result.ideal_placement == "message"
+    assert result.ideal_stable_tokens == fixed.token_count  # the ideal is the tail as its own message
+    assert (
+        result.wasted_tokens_per_call == fixed.token_count - result.stable_prefix_tokens > result.tool_tokens
+    )
+    (finding,) = [f for f in result.findings if f.code == "tools-after-dynamic-tail"]
+    assert f"({result.tool_tokens} tokens)" in finding.message
+    assert 'placement = "message"' in finding.advice
+    assert f"{result.wasted_tokens_per_call} more tokens per call" in finding.advice
+    assert [p.where for p in finding.places] == ["dynamic.placement"]
+
+
+def test_a_value_in_static_text_and_in_a_system_end_tail_is_dropped_not_moved() -> None:
+    """The field case: lint said '40 wasted tokens, move {now} to the tail' while the tail already had it
+    and every tool sat behind that tail."""
+    template = _tools_after_system()
+    tools = (tool("send_offer_link", "Send the offer link. " * 20), tool("end_call"))
+    agent = spec(
+        blocks=(("persona", "You are Maya.\nBe kind. It is {now}."),), tools=tools, placement="system_end"
+    )
+
+    result = lint_agent(agent, template, byte_tokenize)
+
+    codes = [f.code for f in result.findings]
+    assert "tools-after-dynamic-tail" in codes
+    assert "tools-after-dynamic-value" not in codes  # moving {now} into the tail would not reach the tools
+    assert result.wasted_tokens_per_call > result.tool_tokens > 900
+    for f in result.findings:
+        assert "to the dynamic tail" not in f.advice, f
+    static = next(f for f in result.findings if f.code == "per-call-value-in-static-text")
+    assert static.advice.startswith("drop {now} from block 'persona' line 2: the dynamic tail already has it")
+    early = next(f for f in result.findings if f.code == "early-per-call-value")
+    assert 'placement = "message"' in early.advice
+
+
+def test_a_system_end_tail_with_nothing_after_it_wastes_nothing() -> None:
+    agent = spec(tools=(tool("end_call"),), placement="system_end")  # ChatML renders no tools
+    result = lint_agent(agent, chatml, byte_tokenize)
+    assert result.findings == ()
+    assert result.wasted_tokens_per_call == 0
+    assert result.ideal_placement == "system_end"
+    assert result.tool_tokens == 0
+
+
+def test_few_shot_messages_behind_a_system_end_tail_are_reported() -> None:
+    base = spec(placement="system_end")
+    agent = dataclasses.replace(
+        base, few_shot=(FewShotMessage("user", "Hi, who is this?"), FewShotMessage("assistant", "Maya here."))
+    )
+    result = lint_agent(agent, chatml, byte_tokenize)
+    (finding,) = result.findings
+    assert finding.code == "few-shot-after-dynamic-tail"
+    assert result.ideal_placement == "message"
+    assert result.wasted_tokens_per_call > len(byte_tokenize("Hi, who is this?"))
+
+
+def test_tools_after_a_static_value_cost_is_reported() -> None:
+    template = _tools_after_system()
+    agent = spec(blocks=(("persona", "You are Maya. Call {customer_name}."),), tools=(tool("end_call"),))
+    result = lint_agent(agent, template, byte_tokenize)
+    (finding,) = [f for f in result.findings if f.code == "tools-after-dynamic-value"]
+    assert f"({result.tool_tokens} tokens)" in finding.message
+    assert result.tool_tokens > 0
+    assert finding.advice.startswith("drop {customer_name}")  # the tail has it too
