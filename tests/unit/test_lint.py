@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import click
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -23,14 +25,24 @@ from tests.unit.test_prefix import TOOLS_AFTER_SYSTEM
 from warmer.cli import main
 from warmer.cli.prompts import PROMPT_TOOLS_KEY, lint_command, render_command
 from warmer.config.agents import load_agent_specs
-from warmer.core.agents import FewShotMessage
+from warmer.core.agents import AgentSpec, FewShotMessage
 from warmer.core.chat_template import ChatTemplate
 from warmer.core.lint import (
+    Finding,
+    SpecPlace,
     TokenCountObservation,
     detect_tokenizer_drift,
     lint_agent,
     looks_per_call,
     scan_static_text,
+)
+from warmer.core.lint_report import (
+    FileLine,
+    LocatedFinding,
+    github_annotations,
+    locate,
+    locate_finding,
+    sarif_log,
 )
 from warmer.core.model import ModelProfile, prefix_hash
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
@@ -210,10 +222,11 @@ def test_cli_lint_passes_the_fixed_layout_alone() -> None:
 
 
 def test_cli_lint_text_names_position_and_advice() -> None:
-    result = CliRunner().invoke(lint_command, ["outbound-sales-early", *DIRS])
-    assert result.exit_code == 0  # no --min-share: report only
+    result = CliRunner().invoke(lint_command, ["outbound-sales-early", *DIRS, "--report-only"])
+    assert result.exit_code == 0, result.output  # report only: the error findings do not fail the run
     assert "first per-call value at token" in result.output
     assert "move {now} from block 'persona' line 1 to the dynamic tail" in result.output
+    assert "FAIL" not in result.output
 
 
 def test_cli_render_json_is_the_exact_prefix() -> None:
@@ -237,7 +250,8 @@ def test_cli_render_text_and_unknown_agent() -> None:
 
 
 def test_cli_is_registered_and_uses_the_group_config() -> None:
-    result = CliRunner().invoke(main, ["--config", str(REPO / "config" / "example.toml"), "lint", "--json"])
+    args = ["--config", str(REPO / "config" / "example.toml"), "lint", "--json", "--report-only"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert {row["agent"] for row in json.loads(result.output)} == {"outbound-sales", "outbound-sales-early"}
 
@@ -374,3 +388,117 @@ def test_tools_after_a_static_value_cost_is_reported() -> None:
     assert f"({result.tool_tokens} tokens)" in finding.message
     assert result.tool_tokens > 0
     assert finding.advice.startswith("drop {customer_name}")  # the tail has it too
+
+
+# --- gating: exit codes -----------------------------------------------------------------------------------
+
+
+def test_cli_lint_fails_on_error_findings_unless_report_only() -> None:
+    failing = CliRunner().invoke(lint_command, ["outbound-sales-early", *DIRS])
+    assert failing.exit_code == 1, failing.output
+    assert "FAIL outbound-sales-early: 3 error-level finding(s)" in failing.output
+    clean = CliRunner().invoke(lint_command, ["outbound-sales", *DIRS])
+    assert clean.exit_code == 0, clean.output
+
+
+def test_cli_report_only_keeps_the_min_share_gate() -> None:
+    result = CliRunner().invoke(lint_command, [*DIRS, "--report-only", "--min-share", "0.8"])
+    assert result.exit_code == 1, result.output
+    assert "FAIL outbound-sales-early: stable share" in result.output
+    assert "error-level finding" not in result.output
+
+
+def test_cli_json_and_another_format_disagree() -> None:
+    result = CliRunner().invoke(lint_command, [*DIRS, "--json", "--format", "sarif"])
+    assert result.exit_code == 2
+    assert "--json and --format sarif disagree" in result.output
+
+
+# --- SARIF and GitHub annotations --------------------------------------------------------------------------
+
+
+def _sarif_schema() -> dict[str, object]:
+    # OASIS SARIF 2.1.0 (errata01) schema, copied from oasis-tcs/sarif-spec
+    # sarif-2.1/schema/sarif-schema-2.1.0.json @ e0583813964ec43cea53b6b531b402866095ed1f.
+    loaded: dict[str, object] = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())
+    return loaded
+
+
+def test_cli_sarif_is_valid_sarif_and_points_at_the_spec_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(lint_command, [*DIRS, "--format", "sarif", "--min-share", "0.8"])
+    assert result.exit_code == 1, result.output
+    log = json.loads(result.output)
+
+    jsonschema.Draft4Validator(_sarif_schema()).validate(log)  # raises with the failing path
+    (run,) = log["runs"]
+    rule_ids = [rule["id"] for rule in run["tool"]["driver"]["rules"]]
+    results = run["results"]
+    assert (
+        {r["ruleId"] for r in results}
+        == set(rule_ids)
+        == {
+            "per-call-value-in-static-text",
+            "early-per-call-value",
+            "below-min-share",
+        }
+    )
+    for r in results:
+        assert rule_ids[r["ruleIndex"]] == r["ruleId"]
+        assert r["level"] == "error"
+        assert r["properties"]["agent"] == "outbound-sales-early"
+    early = next(r for r in results if r["ruleId"] == "early-per-call-value")
+    where = early["locations"][0]["physicalLocation"]
+    uri, line = where["artifactLocation"]["uri"], where["region"]["startLine"]
+    assert uri == "config/agents/outbound-sales-early.toml"
+    assert "{now}" in (REPO / uri).read_text().split("\n")[line - 1]
+
+
+def test_sarif_lists_the_further_places_of_a_grouped_warning() -> None:
+    table = "\n".join(f"Desk {i}: opens 09:{i:02d}" for i in range(6))
+    agent = spec(blocks=(("reference", table),))
+    (finding,) = scan_static_text(agent)
+    item = locate_finding(agent, finding, lambda _: None)
+    log = sarif_log([item], tool_version="0")
+    jsonschema.Draft4Validator(_sarif_schema()).validate(log)
+    (result,) = log["runs"][0]["results"]  # type: ignore[index]
+    assert result["properties"]["count"] == 6
+    assert len(result["relatedLocations"]) == 2
+
+
+def test_github_annotations_escape_like_the_actions_toolkit() -> None:
+    """actions/toolkit packages/core/src/command.ts @ 4b9afa4c: data escapes % CR LF; properties also : ,"""
+    finding = Finding("looks-per-call-time", "warning", "50% at 9:30,\nthen", location="x")
+    item = LocatedFinding("a,b", finding, (FileLine("dir:x/spec.toml", 7),))
+    (line,) = github_annotations([item])
+    assert line == (
+        "::warning file=dir%3Ax/spec.toml,line=7,title=warmer lint looks-per-call-time (a%2Cb)"
+        "::a,b: 50%25 at 9:30,%0Athen"
+    )
+
+
+def test_cli_github_annotations_point_at_the_spec_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(lint_command, [*DIRS, "--format", "github"])
+    assert result.exit_code == 1
+    lines = result.output.strip().split("\n")
+    assert len(lines) == 3
+    assert all(ln.startswith("::error file=config/agents/outbound-sales-early.toml,line=10,") for ln in lines)
+
+
+def test_locate_follows_included_files_the_tail_and_fields(examples: dict[str, object]) -> None:
+    early = examples["outbound-sales-early"]
+    assert isinstance(early, AgentSpec)
+
+    def read(path: str) -> str | None:
+        return (REPO / path).read_text() if (REPO / path).is_file() else None
+
+    rules = locate(early, SpecPlace("block", "reference", 4), read)
+    assert rules.path.endswith("outbound-sales/reference.md")
+    assert rules.line == 4
+    source = Path(early.source).read_text().split("\n")
+    tail = locate(early, SpecPlace("tail", "dynamic.template", 3), lambda p: Path(p).read_text())
+    assert source[tail.line - 1].startswith("Phone: {customer_phone}")
+    field_line = locate(early, SpecPlace("field", "dynamic.role"), lambda p: Path(p).read_text())
+    assert source[field_line.line - 1].startswith("role =")
+    assert locate(early, SpecPlace("spec"), lambda p: None).line == 1
