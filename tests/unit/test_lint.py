@@ -486,6 +486,18 @@ def test_cli_github_annotations_point_at_the_spec_file(monkeypatch: pytest.Monke
     assert all(ln.startswith("::error file=config/agents/outbound-sales-early.toml,line=10,") for ln in lines)
 
 
+def test_cli_formats_outside_the_repository_use_absolute_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec_file = (AGENTS_DIR / "outbound-sales-early.toml").resolve()
+    github = CliRunner().invoke(lint_command, [*DIRS, "--format", "github"])
+    assert github.output.startswith(f"::error file={spec_file.as_posix()},line=10,")
+    sarif = json.loads(CliRunner().invoke(lint_command, [*DIRS, "--format", "sarif"]).output)
+    where = sarif["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert where["uri"] == spec_file.as_uri()
+
+
 def test_locate_follows_included_files_the_tail_and_fields(examples: dict[str, object]) -> None:
     early = examples["outbound-sales-early"]
     assert isinstance(early, AgentSpec)

@@ -248,12 +248,18 @@ def _read_spec_file(path: str) -> str | None:
 
 
 def _repo_path(path: str) -> str:
-    """A spec path relative to the working directory (the repository root in CI), else a file URI."""
+    """A spec path relative to the working directory (the repository root in CI), else absolute."""
     resolved = Path(path).resolve()
     try:
         return resolved.relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
-        return resolved.as_uri()
+        return resolved.as_posix()
+
+
+def _repo_uri(path: str) -> str:
+    """SARIF artifact URI: repository-relative when under the working directory, else a file URI."""
+    relative = _repo_path(path)
+    return relative if not relative.startswith("/") else Path(relative).as_uri()
 
 
 def _located(
@@ -379,7 +385,7 @@ def lint_command(
         click.echo(json.dumps(payload, ensure_ascii=False, indent=2))
     elif fmt == "sarif":
         log = sarif_log(
-            _located(results, agents, below, min_share), tool_version=__version__, uri_of=_repo_path
+            _located(results, agents, below, min_share), tool_version=__version__, uri_of=_repo_uri
         )
         click.echo(json.dumps(log, ensure_ascii=False, indent=2))
     elif fmt == "github":
