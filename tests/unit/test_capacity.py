@@ -455,3 +455,26 @@ def test_gauges_show_unknown_as_nan_and_drop_boxes_that_left() -> None:
         is None
     )
     assert isinstance(Metrics().capacity, CapacityMetrics)
+
+
+def test_the_daemon_serves_capacity_when_it_has_boxes() -> None:
+    from warmer.root.app import build
+
+    box = {"id": "b1", "base_url": "http://127.0.0.1:1", "engine": "llamacpp", "model": "m"}
+    with_boxes = build(Settings.model_validate({"fleet": {"boxes": [box]}}), profiles={"m": PROFILE})
+    assert "/v1/capacity" in with_boxes.api.openapi()["paths"]
+    starting = _get_app(with_boxes.api)  # the service is wired; its reconciler is not running yet
+    assert starting.status_code == 503
+    assert "reconciler is not running" in starting.json()["detail"]
+    empty = _get_app(build(Settings()).api)
+    assert empty.status_code == 503  # no fleet, nothing to size
+    assert empty.json()["detail"] == "capacity is not available"
+
+
+def _get_app(app: object) -> httpx.Response:
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+            return await client.get("/v1/capacity")
+
+    return asyncio.run(call())
