@@ -5,8 +5,8 @@ Reads what the daemon already has, and adds no scraper of its own:
 * each box's use from the hit-rate monitor's counter windows (`UncachedRateSource`);
 * each box's ceiling from the profile's `prefill_tokens_per_second` when set, else from the restart
   warm-up's long prefill of the box's current epoch: exact when this daemon saw that request
-  (`PrefillCeilings.record_long_prefill`, fed by `RestartWarmup`), else estimated from the phase record in
-  the store (the recipe's target tokens over the phase's engine seconds).
+  (`PrefillCeilings.record_long_prefill`, fed by `RestartWarmup`), else a conservative estimate from the
+  phase record in the store (see `_ceiling_from_phase`).
 The arithmetic is `warmer.core.capacity`.
 """
 
@@ -140,7 +140,7 @@ class CapacityService:
             rate = rates.get(box_id)
             if rate is not None and now - rate.at > self._config.max_usage_age_seconds:
                 rate = None
-            ceiling = await self._ceiling(spec, epoch)
+            ceiling = await self._ceiling(spec, epoch, snapshot)
             boxes.append(box_capacity(box_id, ceiling, rate, safe_fraction=self._config.safe_fraction))
         routed = {agent: tuple(r.box_id for r in found) for agent, found in snapshot.routes().items()}
         for agent_id in snapshot.prefixes:
@@ -157,7 +157,7 @@ class CapacityService:
             self._observer.capacity(boxes, agents)
         return CapacityReport(self._config.safe_fraction, tuple(boxes), tuple(agents))
 
-    async def _ceiling(self, box: BoxSpec, epoch: str | None) -> PrefillCeiling | None:
+    async def _ceiling(self, box: BoxSpec, epoch: str | None, snapshot: Snapshot) -> PrefillCeiling | None:
         profile = self._profiles.get(box.model)
         if profile is not None and profile.prefill_tokens_per_second is not None:
             return PrefillCeiling(profile.prefill_tokens_per_second, "profile")
@@ -168,12 +168,20 @@ class CapacityService:
             return None
         cached = self._phase_ceilings.get((box.id, epoch))
         if cached is None:
-            cached = await self._ceiling_from_phase(box, epoch, profile)
+            cached = await self._ceiling_from_phase(
+                box, epoch, profile, _longest_assigned_prefix(snapshot, box.id)
+            )
         return None if cached is None else PrefillCeiling(cached, "warmup_phase")
 
-    async def _ceiling_from_phase(self, box: BoxSpec, epoch: str, profile: ModelProfile) -> float | None:
-        """The long-prefill phase an earlier daemon recorded: about its target tokens (the prompt is sized
-        to 97-100% of it with the engine's tokenizer) over its engine seconds."""
+    async def _ceiling_from_phase(
+        self, box: BoxSpec, epoch: str, profile: ModelProfile, longest_prefix: int | None
+    ) -> float | None:
+        """The long-prefill phase an earlier daemon recorded: a lower bound of its prompt tokens over its
+        engine seconds, so the estimate errs low (pacing to it never overloads the box).
+
+        The record holds no token count. The prompt was sized to 97-100% of the warm-up's target, which is
+        at most the context minus the recipe margin and, where the warm-up sizes it from the real prompts,
+        at least the longest stable prefix it serves: the smaller of the two is taken."""
         store = self._store()
         if store is None:
             return None
@@ -184,8 +192,22 @@ class CapacityService:
         for phase in phases:
             if phase.phase is PhaseName.LONG_PREFILL and phase.ok and phase.requests == 1:
                 tokens = long_prefill_target(profile.restart, profile)
+                if longest_prefix:
+                    tokens = min(tokens, longest_prefix)
                 rate = ceiling_from_prefill(tokens, 0, phase.engine_seconds)
                 if rate is not None and math.isfinite(rate):
                     self._phase_ceilings[(box.id, epoch)] = rate
                     return rate
         return None
+
+
+def _longest_assigned_prefix(snapshot: Snapshot, box_id: str) -> int | None:
+    """Tokens of the longest stable prefix among the agents assigned to `box_id` (None: none known)."""
+    if snapshot.desired is None:
+        return None
+    sizes = [
+        snapshot.prefixes[agent_id].prefix.token_count
+        for agent_id, group in snapshot.desired.assignment.items()
+        if box_id in group and agent_id in snapshot.prefixes
+    ]
+    return max(sizes, default=None)
