@@ -105,6 +105,7 @@ class ProfileFile(_Table):
     context_length: int = Field(default=_PROFILE.context_length, ge=16)
     block_tokens: int = Field(default=_PROFILE.block_tokens, ge=1)
     keepalive_seconds: float = Field(default=_PROFILE.keepalive_seconds, gt=0)
+    prefill_tokens_per_second: float | None = Field(default=None, gt=0)
     restart: RestartFile = Field(default_factory=RestartFile)
     chat_template: str | None = Field(default=None, min_length=1)
     chat_template_file: str | None = Field(default=None, min_length=1)
@@ -177,6 +178,7 @@ def load_profile(path: Path) -> ModelProfile:
         bos_token=parsed.bos_token,
         eos_token=parsed.eos_token,
         keepalive_seconds=parsed.keepalive_seconds,
+        prefill_tokens_per_second=parsed.prefill_tokens_per_second,
     )
 
 

@@ -74,6 +74,8 @@ class ModelProfile:
     bos_token: str = ""
     eos_token: str = ""
     keepalive_seconds: float = 240.0  # touch a warm prefix again this often (just under eviction)
+    # Uncached prompt tokens/s one box computes at full load; None = measure it (restart long prefill).
+    prefill_tokens_per_second: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +189,7 @@ class CompletionReport:
     cached_tokens: int
     wall_seconds: float
     engine_seconds: float | None = None  # the engine's own prefill+decode time when it reports one
+    prompt_seconds: float | None = None  # the engine's own prefill time alone, when it reports it
     text: str = ""
     slot: int | None = None  # the engine slot that served it, where the engine has slots (llama.cpp)
 

