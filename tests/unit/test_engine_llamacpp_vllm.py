@@ -151,11 +151,20 @@ def test_vllm_sends_ids_and_tokenizes_the_suffix_without_special_tokens() -> Non
 
 
 def test_vllm_without_prompt_tokens_details_names_the_flag() -> None:
+    body = openai_completion(9, None, details=False)
+    script = Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", body)
+    with pytest.raises(CacheFieldMissing, match="--enable-prompt-tokens-details"):
+        run(vllm(script).complete_prefix(VLLM, PREFIX_TEXT))
+
+
+def test_vllm_null_details_is_zero_cached_and_names_the_flag() -> None:
     script = (
         Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", openai_completion(9, None))
     )
-    with pytest.raises(CacheFieldMissing, match="--enable-prompt-tokens-details"):
-        run(vllm(script).complete_prefix(VLLM, PREFIX_TEXT))
+    report = run(vllm(script).complete_prefix(VLLM, PREFIX_TEXT))
+    assert report.cached_tokens == 0
+    assert report.cache_note is not None
+    assert "--enable-prompt-tokens-details" in report.cache_note
 
 
 def test_vllm_epoch_is_the_process_start_time() -> None:

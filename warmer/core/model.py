@@ -152,6 +152,9 @@ class CompletionReport:
     wall_seconds: float
     engine_seconds: float | None = None  # the engine's own prefill+decode time when it reports one
     text: str = ""
+    # Why `cached_tokens` may not be the whole story (e.g. the engine sent `prompt_tokens_details: null`,
+    # which means 0 cached but also what a server with cache reporting off sends); shown on a miss.
+    cache_note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

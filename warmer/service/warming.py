@@ -113,6 +113,7 @@ class WarmExecutor:
         run.add(report)
         run.cached_tokens = report.cached_tokens
         run.probe_prompt_tokens = report.prompt_tokens
+        run.cache_note = report.cache_note
         return report
 
     @staticmethod
@@ -137,6 +138,7 @@ class _Run:
         self.prefix_tokens = prefix.token_count
         self.cached_tokens: int | None = None
         self.probe_prompt_tokens: int | None = None
+        self.cache_note: str | None = None
         self.requests = 0
         self.rounds = 0
         self.engine_seconds: float | None = None
@@ -156,9 +158,10 @@ class _Run:
                 f"probe counted {self.probe_prompt_tokens} prompt tokens, fewer than the"
                 f" {self.prefix_tokens}-token prefix it contains: token counts disagree"
             )
+        note = f"; {self.cache_note}" if self.cache_note else ""
         return (
             f"probe saw {self.cached_tokens} cached of {self.prefix_tokens} prefix tokens"
-            f" (need >= {self.prefix_tokens - self.block_tokens}) after {rounds} round(s)"
+            f" (need >= {self.prefix_tokens - self.block_tokens}) after {rounds} round(s){note}"
         )
 
     def outcome(self, now: float, *, verified: bool, reason: str | None = None) -> WarmOutcome:

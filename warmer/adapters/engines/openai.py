@@ -8,7 +8,13 @@ Sources:
   (vllm/entrypoints/openai/cli_args.py, `enable_prompt_tokens_details`); SGLang only with
   `--enable-cache-report` (sgl-project/sglang python/sglang/srt/server_args.py: "Return number of cached
   tokens in usage.prompt_tokens_details"); llama-server always (tools/server/README.md, "Timings and context
-  usage"). A body without it is a CacheFieldMissing, never a cached count of 0.
+  usage"). A body without `usage.prompt_tokens_details` is a CacheFieldMissing, never a cached count of 0.
+- `prompt_tokens_details: null` is 0 cached: vLLM sets the details only when the count is truthy
+  (vllm-project/vllm vllm/entrypoints/openai/serving_completion.py @ 2d5f987dff069848e428593c21df021d02d4282a:
+  `if self.enable_prompt_tokens_details and num_cached_tokens:`), older SGLang OpenAI routes likewise.
+  It is also what a server with cache reporting off sends (SGLang 0.5.23
+  sglang/srt/entrypoints/openai/usage_processor.py: details only `if enable_cache_report`), so the
+  report carries a note naming both readings, shown when a warm does not verify.
 
 Prompts are always sent as text here: a generic server's tokenizer is unknown to us, and sending the same
 text for the warm and the probe is what keeps the two on the same tokens.
@@ -50,7 +56,16 @@ def parse_openai_completion(
 ) -> CompletionReport:
     """`usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`, checked; text of choice 0."""
     prompt_tokens = count_field(box, COMPLETIONS_PATH, body, "usage.prompt_tokens")
-    cached = count_field(box, COMPLETIONS_PATH, body, CACHE_FIELD, cache_field=True, hint=hint)
+    usage = body.get("usage")
+    note: str | None = None
+    details_null = isinstance(usage, Mapping) and "prompt_tokens_details" in usage
+    details_null = details_null and dig(body, "usage.prompt_tokens_details") is None
+    if details_null:
+        cached = 0
+        note = "the engine sent prompt_tokens_details: null (0 cached, or cache reporting is off"
+        note += f": {hint})" if hint else ")"
+    else:
+        cached = count_field(box, COMPLETIONS_PATH, body, CACHE_FIELD, cache_field=True, hint=hint)
     check_cached_within_prompt(box, COMPLETIONS_PATH, prompt_tokens, cached)
     choices = body.get("choices")
     text = ""
@@ -58,7 +73,11 @@ def parse_openai_completion(
         value = choices[0].get("text")
         text = value if isinstance(value, str) else ""
     return CompletionReport(
-        prompt_tokens=prompt_tokens, cached_tokens=cached, wall_seconds=wall_seconds, text=text
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached,
+        wall_seconds=wall_seconds,
+        text=text,
+        cache_note=note,
     )
 
 
