@@ -8,6 +8,7 @@ from typing import Protocol
 from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxSpec,
+    CacheLayout,
     CacheStats,
     Campaign,
     CompletionReport,
@@ -72,6 +73,11 @@ class EnginePort(Protocol):
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         """The engine's cumulative prefix-cache counters."""
+        ...
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        """How the running server counts a hit (page/block size, hybrid state strategy); fields it does not
+        report are None, so the caller falls back to the model profile."""
         ...
 
 

@@ -14,6 +14,7 @@ from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import EngineError, NotSupported
 from warmer.core.model import (
     BoxSpec,
+    CacheLayout,
     CacheStats,
     CompletionReport,
     EngineKind,
@@ -146,6 +147,9 @@ class FakeEngine:
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         # BOS + one token per char, a space costs `space_tokens` (the SPM byte vocabulary spends 3).
         return [1] + [0] * (len(text) + text.count(" ") * (self.space_tokens - 1))
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "fake")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -9,15 +11,17 @@ from tests.unit.engine_shapes import (
     FAST_RETRY,
     SGLANG_METRICS,
     SHORT_TIMEOUTS,
+    MambaRadixModel,
     Script,
     box,
     run,
     sglang_generate,
+    sglang_server_info,
 )
 from warmer.adapters.engines.base import EngineRejected
-from warmer.adapters.engines.sglang import SglangEngine
+from warmer.adapters.engines.sglang import SglangEngine, layout_from_server_info
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import EngineKind, ModelProfile, Prefix
+from warmer.core.model import EngineKind, MambaStrategy, ModelProfile, Prefix
 from warmer.service.warming import WarmExecutor
 
 BOX = box(EngineKind.SGLANG)
@@ -168,47 +172,141 @@ def test_tokenize_and_render_are_not_supported() -> None:
         run(eng.render_chat(BOX, [{"role": "user", "content": "hi"}], []))
 
 
-def test_hybrid_model_repeats_until_the_probe_hits() -> None:
-    """A running-state model: round 1 the probe sees only a partial hit, round 2 the whole prefix."""
-    probes_seen = 0
+def hybrid(**kwargs: Any) -> ModelProfile:
+    return ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, **kwargs)
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        nonlocal probes_seen
-        import json
 
-        text = json.loads(request.content)["text"]
-        if "#probe" in text:
-            probes_seen += 1
-            cached = 64 if probes_seen == 1 else 140
-            return httpx.Response(200, json=sglang_generate(150, cached))
-        return httpx.Response(200, json=sglang_generate(150, 0))
+def test_server_info_is_asked_before_the_deprecated_route() -> None:
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(page_size=16))
+        .on("GET", "/get_server_info", sglang_server_info(page_size=1))
+    )
+    layout = run(engine(script).cache_layout(BOX))
+    assert layout.page_tokens == 16
+    assert script.count("/get_server_info") == 0
 
-    script = Script().on("POST", "/generate", answer)
-    profile = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
-    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, profile, PREFIX))
+
+def test_deprecated_server_info_route_when_the_new_one_is_missing() -> None:
+    script = Script().on("GET", "/get_server_info", sglang_server_info(page_size=32))
+    assert run(engine(script).cache_layout(BOX)).page_tokens == 32
+    assert script.count("/server_info") == 1  # asked first, answered 404
+
+
+@pytest.mark.parametrize(
+    ("strategy", "key", "expected"),
+    [
+        ("no_buffer", "mamba_radix_cache_strategy", MambaStrategy.NO_BUFFER),
+        ("extra_buffer", "mamba_radix_cache_strategy", MambaStrategy.EXTRA_BUFFER),
+        ("extra_buffer_lazy", "mamba_radix_cache_strategy", MambaStrategy.EXTRA_BUFFER),
+        ("extra_buffer", "mamba_scheduler_strategy", MambaStrategy.EXTRA_BUFFER),  # the earlier name
+        ("auto", "mamba_radix_cache_strategy", None),  # unresolved: not known
+        (None, "mamba_radix_cache_strategy", None),
+    ],
+)
+def test_layout_reads_the_mamba_strategy(
+    strategy: str | None, key: str, expected: MambaStrategy | None
+) -> None:
+    info = sglang_server_info(strategy=strategy, strategy_key=key)
+    assert layout_from_server_info(info).mamba_strategy is expected
+
+
+def test_paged_dense_sglang_verifies_within_the_server_page() -> None:
+    """page_size 64 (e.g. FlashMLA forces it): the probe sees the prefix rounded down to whole pages; the
+    profile's block_tokens 1 is only a fallback."""
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(page_size=64))
+        .on("POST", "/generate", sglang_generate(620, 0), sglang_generate(640, 576))
+    )
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG, block_tokens=1)
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, dense, PREFIX))
     assert outcome.verified
-    assert outcome.rounds == 2
-    assert outcome.requests_sent == 6  # 2 warm + 1 probe, twice
-    warm_texts = [b["text"] for b in script.bodies("/generate") if "#warm" in b["text"]]
-    assert len(set(warm_texts)) == 4
-    assert all(t.startswith(PREFIX.text) for t in warm_texts)
-    assert outcome.cached_tokens == 140
-    assert outcome.engine_seconds == pytest.approx(6 * 0.0123)
+    assert (outcome.prefix_tokens, outcome.cached_tokens, outcome.block_tokens) == (620, 576, 64)
+    assert outcome.block_source == "sglang /server_info"
+
+
+def test_layout_failure_falls_back_to_the_profile_block() -> None:
+    script = (
+        Script()
+        .on("GET", "/server_info", httpx.Response(503))
+        .on("POST", "/generate", sglang_generate(620, 0), sglang_generate(640, 576))
+    )
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG, block_tokens=1)
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, dense, PREFIX))
+    assert not outcome.verified
+    assert (outcome.block_tokens, outcome.block_source) == (1, "profile")
+
+
+def test_suffix_warms_leave_no_usable_state_with_no_buffer() -> None:
+    """Why warms are the bare prefix: 'prefix + different suffix' splits the tree just after the prefix and
+    the split node holds no state, so a probe reads 0 cached every time (MambaRadixModel cites the code)."""
+    model = MambaRadixModel("no_buffer")
+    model.generate(PREFIX.text + "\n#warm 1.0 aa")
+    model.generate(PREFIX.text + "\n#warm 1.1 bb")
+    assert model.generate(PREFIX.text + "\n#probe cc") == 0
+
+
+def test_hybrid_no_buffer_warms_the_bare_prefix_and_hits_the_whole_prefix() -> None:
+    model = MambaRadixModel("no_buffer")
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(strategy="no_buffer"))
+        .on("POST", "/generate", model.handler())
+    )
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, hybrid(), PREFIX))
+    assert outcome.verified
+    assert outcome.rounds == 1
+    assert outcome.cached_tokens == len(PREFIX.text)
+    sent = [b["text"] for b in script.bodies("/generate")]
+    assert sent[0] == PREFIX.text  # the state is stored exactly at the prefix's end
+    assert sent[1].startswith(PREFIX.text + "\n#probe")
+
+
+@pytest.mark.parametrize(("page", "grid"), [(1, 64), (16, 64), (128, 128)])
+def test_hybrid_extra_buffer_verifies_at_the_checkpoint_grid(page: int, grid: int) -> None:
+    """extra_buffer: the hit is the prefix rounded down to lcm(max(model chunk 64, page), page); the
+    verification tolerates exactly that, not the 'all but one token' a dense model gets."""
+    model = MambaRadixModel("extra_buffer", page_size=page, chunk=max(64, page))
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(page_size=page, strategy="extra_buffer"))
+        .on("POST", "/generate", model.handler())
+    )
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, hybrid(), PREFIX))
+    n = len(PREFIX.text)
+    assert outcome.cached_tokens == n // grid * grid
+    assert outcome.block_tokens == grid
+    assert outcome.verified
+
+
+def test_hybrid_extra_buffer_uses_the_model_chunk_from_the_profile() -> None:
+    """A model whose HF config says mamba_chunk_size 256: SGLang checkpoints every 256 tokens."""
+    model = MambaRadixModel("extra_buffer", chunk=256)
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(strategy="extra_buffer"))
+        .on("POST", "/generate", model.handler())
+    )
+    outcome = run(
+        WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, hybrid(mamba_chunk_size=256), PREFIX)
+    )
+    assert (outcome.cached_tokens, outcome.block_tokens) == (512, 256)
+    assert outcome.verified
 
 
 def test_hybrid_model_that_never_hits_fails_with_why_after_bounded_rounds() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=sglang_generate(150, 16))
 
-    script = Script().on("POST", "/generate", answer)
-    profile = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
+    script = Script().on("GET", "/server_info", sglang_server_info()).on("POST", "/generate", answer)
     executor = WarmExecutor(engine(script), StepClock(), max_rounds_running_state=3)
-    outcome = run(executor.warm_and_verify(BOX, profile, PREFIX))
+    outcome = run(executor.warm_and_verify(BOX, hybrid(), PREFIX))
     assert not outcome.verified
     assert outcome.rounds == 3
-    assert outcome.requests_sent == 9
+    assert outcome.requests_sent == 6  # a bare-prefix warm and a probe per round
     assert outcome.reason is not None
-    assert "16 cached of 140" in outcome.reason
+    assert "16 cached of 150" in outcome.reason
     assert "3 round" in outcome.reason
 
 

@@ -58,17 +58,55 @@ class ModelProfile:
     name: str
     engine: EngineKind
     served_model_name: str = ""  # the `model` field sent to the engine; "" = the engine's default
-    running_state: bool = False  # hybrid / Mamba-style models need several warm requests per prefix
-    warm_requests_per_prefix: int = 1
+    running_state: bool = False  # hybrid / Mamba-style: a hit only reaches the last stored state
+    warm_requests_per_prefix: int = 1  # requests one warm costs (the planner's load estimate)
     slots: int = 1
     context_length: int = 4096
-    block_tokens: int = 1  # cache granularity: a hit is counted in whole blocks (vLLM CPU: 128)
+    # Fallback cache granularity, used only when the server does not report its page/block size
+    # (SGLang /server_info page_size, vLLM vllm:cache_config_info{block_size}): see `CacheLayout`.
+    block_tokens: int = 1
+    # The model's own `mamba_chunk_size` (its HF config; SGLang uses FLA_CHUNK_SIZE 64 without one): SGLang's
+    # extra_buffer checkpoints land on multiples of max(this, page_size).
+    mamba_chunk_size: int = 64
     restart: RestartRecipe = field(default_factory=RestartRecipe)
     chat_template: str | None = None  # jinja2 source, when the engine cannot render for us
     tokenizer_file: str | None = None  # a `tokenizers` JSON file, when the engine cannot tokenize
     bos_token: str = ""
     eos_token: str = ""
     keepalive_seconds: float = 240.0  # touch a warm prefix again this often (just under eviction)
+
+
+class MambaStrategy(enum.StrEnum):
+    """Where SGLang stores the running state of a hybrid (Mamba) model in its radix tree.
+
+    sglang 0.5.23 (PyPI) `--mamba-radix-cache-strategy` (earlier `--mamba-scheduler-strategy`):
+    `no_buffer` stores a state only at a finished request's end (mem_cache/unified_cache/components/
+    mamba.py `prepare_for_caching_req`: cache_len = token_ids_len; sgl-project/sglang
+    python/sglang/srt/mem_cache/mamba_radix_cache.py @ 00df707e `cache_finished_req` likewise), and a node
+    split by a diverging request keeps no state (`_split_node`: "mamba cache can not be split");
+    `extra_buffer` (and `extra_buffer_lazy`) tracks it at `prefix_len + (extend_len // grid) * grid`
+    (managers/schedule_batch.py `_mamba_radix_cache_v2_req_prepare_for_extend`),
+    grid = lcm(mamba_cache_chunk_size, page_size).
+    """
+
+    NO_BUFFER = "no_buffer"
+    EXTRA_BUFFER = "extra_buffer"
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """How the running server counts a prefix-cache hit, as it reports it (None: it did not say)."""
+
+    page_tokens: int | None = None  # hits come in whole pages/blocks of this many tokens
+    mamba_strategy: MambaStrategy | None = None  # hybrid models on SGLang
+    mamba_chunk_tokens: int | None = None  # the server's own mamba_cache_chunk_size, when it reports one
+    source: str = ""  # where the numbers came from, for outcomes and logs
+
+    def __post_init__(self) -> None:
+        for name in ("page_tokens", "mamba_chunk_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True, slots=True)

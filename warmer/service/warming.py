@@ -1,9 +1,16 @@
 """Warm a prefix on one box and prove it: "warm" means the engine reported the hit, never "we sent it".
 
-Dense models get one warm request (the prefix itself) and then a probe. Running-state (hybrid, Mamba-style)
-models keep state only at checkpointed points, so each round sends the profile's number of warm requests,
-each the prefix plus a different short suffix (a request that diverges right after the prefix makes the
-engine checkpoint there), then probes; rounds repeat until the probe sees the hit, up to a bound.
+Every round sends the prefix itself (nothing after it), then a probe: the prefix plus a short unique suffix.
+The bare prefix matters for running-state (hybrid, Mamba-style) models: SGLang stores their state only where
+a request ends (`no_buffer`) or on the checkpoint grid inside it (`extra_buffer`), and a node split by a
+diverging request keeps none (see `warmer.core.model.MambaStrategy`). A warm of "prefix + suffix" would put
+the only state past the prefix, where no later request can use it; the bare prefix puts it at the prefix's
+end (`no_buffer`) or at the last grid point inside it (`extra_buffer`). Dense models get one round;
+running-state models repeat rounds until the probe sees the hit, up to a bound.
+
+How far a hit may fall short of the prefix comes from the running server (`EnginePort.cache_layout`: page or
+block size, Mamba strategy), the profile's `block_tokens` only when the server does not say
+(`warmer.core.warmstate.hit_granularity`).
 """
 
 from __future__ import annotations
@@ -13,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from warmer.core.errors import EngineError
-from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, Prefix
-from warmer.core.warmstate import is_verified
+from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, ModelProfile, Prefix
+from warmer.core.warmstate import hit_granularity, is_verified
 from warmer.ports import Clock, EnginePort
 
 
@@ -33,6 +40,7 @@ class WarmOutcome:
     engine_seconds: float | None  # sum of the engine's own timings, when it reports them
     block_tokens: int = 1
     reason: str | None = None  # why it is not verified
+    block_source: str = "profile"  # where `block_tokens` came from (the server's report, else the profile)
 
     def describe(self) -> str:
         cached = "?" if self.cached_tokens is None else str(self.cached_tokens)
@@ -40,7 +48,8 @@ class WarmOutcome:
         engine = "" if self.engine_seconds is None else f", engine {self.engine_seconds * 1000:.1f} ms"
         return (
             f"{self.box_id}: {verdict}: cached {cached} / {self.prefix_tokens} prefix tokens"
-            f" (block {self.block_tokens}); {self.requests_sent} requests in {self.rounds} round(s),"
+            f" (block {self.block_tokens} from {self.block_source});"
+            f" {self.requests_sent} requests in {self.rounds} round(s),"
             f" {self.wall_seconds * 1000:.1f} ms{engine}"
         )
 
@@ -72,25 +81,32 @@ class WarmExecutor:
     def _probe_suffix(self) -> str:
         return f"\n#probe {self._nonce()}"
 
-    def _warm_suffix(self, round_no: int, index: int) -> str:
-        return f"\n#warm {round_no}.{index} {self._nonce()}"
+    async def _layout(self, box: BoxSpec) -> CacheLayout:
+        """What the server reports about its cache; nothing (profile fallback) when it cannot say."""
+        try:
+            return await self._engine.cache_layout(box)
+        except EngineError:
+            return CacheLayout()
+
+    async def _start(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> _Run:
+        layout = await self._layout(box)
+        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+        run.block_tokens = hit_granularity(profile, layout)
+        if layout.page_tokens is not None or layout.mamba_strategy is not None:
+            run.block_source = layout.source or "server"
+        return run
 
     async def warm_and_verify(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
         """Warm `prefix` on `box` and probe until the engine reports the hit (bounded)."""
-        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+        run = await self._start(box, profile, prefix)
         rounds = self._max_rounds if profile.running_state else 1
         try:
             for round_no in range(1, rounds + 1):
                 run.rounds = round_no
-                if profile.running_state:
-                    for index in range(max(1, profile.warm_requests_per_prefix)):
-                        suffix = self._warm_suffix(round_no, index)
-                        run.add(await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1))
-                else:
-                    report = await self._engine.complete_prefix(box, prefix, max_tokens=1)
-                    run.add(report)
-                    # The prefix alone: the engine's own token count for it is the honest bar to clear.
-                    run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
+                report = await self._engine.complete_prefix(box, prefix, max_tokens=1)
+                run.add(report)
+                # The prefix alone: the engine's own token count for it is the honest bar to clear.
+                run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
                 if self._judge(run, await self._probe_report(box, prefix, run)):
                     return run.outcome(self._clock.monotonic(), verified=True)
         except EngineError as exc:
@@ -99,7 +115,7 @@ class WarmExecutor:
 
     async def probe(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
         """One probe: is the prefix still cached? (It also touches it, like any request would.)"""
-        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+        run = await self._start(box, profile, prefix)
         run.rounds = 1
         try:
             verified = self._judge(run, await self._probe_report(box, prefix, run))
@@ -135,6 +151,7 @@ class _Run:
         self.prefix = prefix
         self.started = started
         self.block_tokens = max(1, profile.block_tokens)
+        self.block_source = "profile"
         self.prefix_tokens = prefix.token_count
         self.cached_tokens: int | None = None
         self.probe_prompt_tokens: int | None = None
@@ -177,4 +194,5 @@ class _Run:
             engine_seconds=self.engine_seconds,
             block_tokens=self.block_tokens,
             reason=None if verified else reason,
+            block_source=self.block_source,
         )

@@ -29,7 +29,7 @@ from warmer.core.errors import (
     MalformedResponse,
     NotSupported,
 )
-from warmer.core.model import BoxSpec, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
 from warmer.core.promtext import MetricsTextError, Sample, parse_prometheus_text, sum_samples
 
 JsonObject = dict[str, Any]
@@ -398,6 +398,11 @@ class EngineAdapter(ABC, Generic[PromptT]):
     async def _process_start(self, box: BoxSpec) -> float | None:
         samples = await self._metrics_if_exposed(box)
         return None if samples is None else process_start_time(samples)
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        """Nothing reported by default (llama.cpp reuses any common token prefix; a generic server is
+        unknown): the profile's `block_tokens` applies."""
+        return CacheLayout()
 
     @abstractmethod
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | PromptT:

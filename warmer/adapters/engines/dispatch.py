@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 
 from warmer.core.errors import EngineError, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, Prefix
+from warmer.core.model import BoxSpec, CacheLayout, CacheStats, CompletionReport, EngineKind, Prefix
 from warmer.ports import EnginePort
 
 
@@ -93,3 +93,6 @@ class EngineDispatcher:
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         return await self._engine(box).cache_stats(box)
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return await self._engine(box).cache_layout(box)

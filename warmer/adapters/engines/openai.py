@@ -45,7 +45,15 @@ from warmer.adapters.engines.base import (
     unsupported_when_rejected,
 )
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.model import (
+    BoxSpec,
+    CacheLayout,
+    CacheStats,
+    CompletionReport,
+    EngineTimeouts,
+    Prefix,
+    RetryPolicy,
+)
 
 COMPLETIONS_PATH = "/v1/completions"
 CACHE_FIELD = "usage.prompt_tokens_details.cached_tokens"
@@ -102,6 +110,7 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
         self._served_models = dict(served_models or {})
         self._discovered_models: dict[str, str] = {}
         self._epoch_header = epoch_header
+        self._layouts: dict[str, CacheLayout] = {}  # box id -> layout the server last reported
 
     # -- health and identity ---------------------------------------------------------------------
 

@@ -8,8 +8,11 @@ Sources (sgl-project/sglang):
   `meta_info.update({"completion_tokens": ..., "cached_tokens": recv_obj.cached_tokens[i]})`). Unlike
   `usage.prompt_tokens_details` on the OpenAI routes, `meta_info.cached_tokens` needs no server flag.
   Timings: `meta_info.e2e_latency` (seconds) when present.
-- GET /health: 200 when serving, 503 while starting. GET /get_server_info (newer: /server_info): the server
-  args, including `model_path` and `random_seed` (drawn at random per launch unless pinned), and `version`.
+- GET /health: 200 when serving, 503 while starting. GET /server_info (the deprecated /get_server_info only
+  forwards to it: sglang 0.5.23 sglang/srt/entrypoints/http_server.py `get_server_info`): the resolved
+  server args (`server_args.resolved_dict()`, sglang/srt/utils/common.py `build_server_info`), including
+  `model_path`, `random_seed` (drawn at random per launch unless pinned), `page_size` and, for hybrid
+  models, `mamba_radix_cache_strategy` (earlier releases: `mamba_scheduler_strategy`), plus `version`.
 - GET /metrics (with `--enable-metrics`): `sglang:prompt_tokens_total`, `sglang:cached_tokens_total`
   (labelled by `cache_source` in newer versions: summed), `sglang:cache_hit_rate` (gauge)
   (docs/references/production_metrics.md).
@@ -26,10 +29,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import httpx
+
 from warmer.adapters.engines.base import (
     EngineAdapter,
     EngineRejected,
     JsonObject,
+    RestartWatch,
     check_cached_within_prompt,
     count_field,
     fingerprint_digest,
@@ -39,7 +45,16 @@ from warmer.adapters.engines.base import (
     unsupported_when_rejected,
 )
 from warmer.core.errors import MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, Prefix
+from warmer.core.model import (
+    BoxSpec,
+    CacheLayout,
+    CacheStats,
+    CompletionReport,
+    EngineTimeouts,
+    MambaStrategy,
+    Prefix,
+    RetryPolicy,
+)
 
 GENERATE_PATH = "/generate"
 
@@ -62,16 +77,66 @@ def parse_generate(box: BoxSpec, body: JsonObject, wall_seconds: float) -> Compl
     )
 
 
+_STRATEGIES = {
+    "no_buffer": MambaStrategy.NO_BUFFER,
+    "extra_buffer": MambaStrategy.EXTRA_BUFFER,
+    "extra_buffer_lazy": MambaStrategy.EXTRA_BUFFER,  # same checkpoint grid, second buffer allocated late
+}
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def layout_from_server_info(info: JsonObject) -> CacheLayout:
+    """Page size and Mamba strategy from a /server_info body; anything absent or odd stays None.
+
+    `auto` is resolved by the server before it publishes the args (sglang 0.5.23 arg_groups/overrides.py:
+    auto -> extra_buffer or no_buffer for hybrid models); an unresolved or unknown value means "not known".
+    `mamba_cache_chunk_size` is not a server-arg field in 0.5.23 (a derived value, arg_groups/overrides.py),
+    so it is read only when a build reports it; otherwise it is derived from the profile and the page.
+    """
+    strategy = info.get("mamba_radix_cache_strategy", info.get("mamba_scheduler_strategy"))
+    return CacheLayout(
+        page_tokens=_positive_int(info.get("page_size")),
+        mamba_strategy=_STRATEGIES.get(strategy) if isinstance(strategy, str) else None,
+        mamba_chunk_tokens=_positive_int(info.get("mamba_cache_chunk_size")),
+        source="sglang /server_info",
+    )
+
+
 class SglangEngine(EngineAdapter[str]):
     """EnginePort for SGLang's native /generate API."""
 
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        timeouts: EngineTimeouts | None = None,
+        retry: RetryPolicy | None = None,
+        watch: RestartWatch | None = None,
+    ) -> None:
+        super().__init__(client, timeouts=timeouts, retry=retry, watch=watch)
+        self._layouts: dict[str, CacheLayout] = {}  # box id -> layout of the last /server_info read
+
     async def _server_info(self, box: BoxSpec) -> JsonObject:
+        """/server_info, or the deprecated /get_server_info on servers that predate it."""
         try:
-            return await self._http.get_json(box, "/get_server_info", time_limit=self._http.timeouts.health)
+            info = await self._http.get_json(box, "/server_info", time_limit=self._http.timeouts.health)
         except EngineRejected as exc:
             if exc.status not in (404, 405):
                 raise
-        return await self._http.get_json(box, "/server_info", time_limit=self._http.timeouts.health)
+            info = await self._http.get_json(box, "/get_server_info", time_limit=self._http.timeouts.health)
+        self._layouts[box.id] = layout_from_server_info(info)
+        return info
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        """From the /server_info the epoch poll last read (it changes only with the process), else fresh."""
+        layout = self._layouts.get(box.id)
+        if layout is None:
+            await self._server_info(box)
+            layout = self._layouts[box.id]
+        return layout
 
     async def epoch(self, box: BoxSpec) -> str:
         started = await self._process_start(box)  # None also when --enable-metrics is off
