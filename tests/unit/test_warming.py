@@ -150,3 +150,14 @@ def test_hit_granularity_prefers_the_server_page_then_the_profile() -> None:
         == 192
     )
     assert hit_granularity(mamba, CacheLayout(page_tokens=1, mamba_strategy=MambaStrategy.NO_BUFFER)) == 1
+
+
+def test_hit_granularity_uses_the_profile_strategy_only_when_the_server_names_none() -> None:
+    from warmer.core.model import CacheLayout, MambaStrategy
+    from warmer.core.warmstate import hit_granularity
+
+    extra = ModelProfile(
+        name="h", engine=EngineKind.SGLANG, running_state=True, mamba_strategy=MambaStrategy.EXTRA_BUFFER
+    )
+    assert hit_granularity(extra, CacheLayout()) == 64
+    assert hit_granularity(extra, CacheLayout(page_tokens=1, mamba_strategy=MambaStrategy.NO_BUFFER)) == 1

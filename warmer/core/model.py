@@ -51,6 +51,23 @@ class RestartRecipe:
     long_prefill_margin_tokens: int = 64
 
 
+class MambaStrategy(enum.StrEnum):
+    """Where SGLang stores the running state of a hybrid (Mamba) model in its radix tree.
+
+    sglang 0.5.23 (PyPI) `--mamba-radix-cache-strategy` (earlier `--mamba-scheduler-strategy`):
+    `no_buffer` stores a state only at a finished request's end (mem_cache/unified_cache/components/
+    mamba.py `prepare_for_caching_req`: cache_len = token_ids_len; sgl-project/sglang
+    python/sglang/srt/mem_cache/mamba_radix_cache.py @ 00df707e `cache_finished_req` likewise), and a node
+    split by a diverging request keeps no state (`_split_node`: "mamba cache can not be split");
+    `extra_buffer` (and `extra_buffer_lazy`) tracks it at `prefix_len + (extend_len // grid) * grid`
+    (managers/schedule_batch.py `_mamba_radix_cache_v2_req_prepare_for_extend`),
+    grid = lcm(mamba_cache_chunk_size, page_size).
+    """
+
+    NO_BUFFER = "no_buffer"
+    EXTRA_BUFFER = "extra_buffer"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
     """Facts about a served model that change how it is warmed (one `models/*.toml`)."""
@@ -68,29 +85,14 @@ class ModelProfile:
     # The model's own `mamba_chunk_size` (its HF config; SGLang uses FLA_CHUNK_SIZE 64 without one): SGLang's
     # extra_buffer checkpoints land on multiples of max(this, page_size).
     mamba_chunk_size: int = 64
+    # The Mamba strategy the boxes are launched with, used only when /server_info does not name one.
+    mamba_strategy: MambaStrategy | None = None
     restart: RestartRecipe = field(default_factory=RestartRecipe)
     chat_template: str | None = None  # jinja2 source, when the engine cannot render for us
     tokenizer_file: str | None = None  # a `tokenizers` JSON file, when the engine cannot tokenize
     bos_token: str = ""
     eos_token: str = ""
     keepalive_seconds: float = 240.0  # touch a warm prefix again this often (just under eviction)
-
-
-class MambaStrategy(enum.StrEnum):
-    """Where SGLang stores the running state of a hybrid (Mamba) model in its radix tree.
-
-    sglang 0.5.23 (PyPI) `--mamba-radix-cache-strategy` (earlier `--mamba-scheduler-strategy`):
-    `no_buffer` stores a state only at a finished request's end (mem_cache/unified_cache/components/
-    mamba.py `prepare_for_caching_req`: cache_len = token_ids_len; sgl-project/sglang
-    python/sglang/srt/mem_cache/mamba_radix_cache.py @ 00df707e `cache_finished_req` likewise), and a node
-    split by a diverging request keeps no state (`_split_node`: "mamba cache can not be split");
-    `extra_buffer` (and `extra_buffer_lazy`) tracks it at `prefix_len + (extend_len // grid) * grid`
-    (managers/schedule_batch.py `_mamba_radix_cache_v2_req_prepare_for_extend`),
-    grid = lcm(mamba_cache_chunk_size, page_size).
-    """
-
-    NO_BUFFER = "no_buffer"
-    EXTRA_BUFFER = "extra_buffer"
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,10 +133,12 @@ def hit_granularity(profile: ModelProfile, layout: CacheLayout) -> int:
     last checkpoint, the prefix rounded down to the checkpoint grid, lcm(mamba_cache_chunk_size, page_size)
     with mamba_cache_chunk_size = max(model chunk, page_size) (sglang 0.5.23 arg_groups/overrides.py
     `mamba_cache_chunk_size`, runtime_context.py `mamba_checkpoint_grid`). `no_buffer` stores the state at
-    the warm request's end, so the page rule holds (MambaRadixCache asserts page_size 1 there).
+    the warm request's end, so the page rule holds (MambaRadixCache asserts page_size 1 there). The
+    profile's `mamba_strategy` stands in when the server does not name one.
     """
     page = layout.page_tokens if layout.page_tokens is not None else max(1, profile.block_tokens)
-    if profile.running_state and layout.mamba_strategy is MambaStrategy.EXTRA_BUFFER:
+    strategy = layout.mamba_strategy or profile.mamba_strategy
+    if profile.running_state and strategy is MambaStrategy.EXTRA_BUFFER:
         chunk = layout.mamba_chunk_tokens or max(profile.mamba_chunk_size, page)
         return math.lcm(chunk, page)
     return page
