@@ -136,26 +136,87 @@ def test_health_is_200_only_and_503_while_starting_is_down() -> None:
     assert run(eng.health(BOX)) is True
 
 
-def test_epoch_from_server_info_changes_with_launch_seed_and_after_health_bounce() -> None:
+def test_epoch_without_startup_time_follows_the_seed_and_unreachable_bounces_not_503s() -> None:
     info = {"model_path": "qwen", "random_seed": 625144628, "version": "0.5.0", "port": 30000}
-    script = Script().on("GET", "/metrics", httpx.Response(404)).on("GET", "/get_server_info", info)
+    script = Script().on("GET", "/server_info", info)
     eng = engine(script)
     first = run(eng.epoch(BOX))
     assert run(eng.epoch(BOX)) == first  # same process, same epoch
-    script.on("GET", "/get_server_info", {**info, "random_seed": 7})  # a relaunch draws a new seed
+    script.on("GET", "/server_info", {**info, "random_seed": 7})  # a relaunch draws a new seed
     second = run(eng.epoch(BOX))
     assert second != first
-    script.on("GET", "/health", httpx.Response(503), httpx.Response(200))
+    script.on("GET", "/health", httpx.Response(503), httpx.Response(200))  # a live process said 503
     run(eng.health(BOX))
     run(eng.health(BOX))
+    assert run(eng.epoch(BOX)) == second
+    script.on("GET", "/health", httpx.ConnectError("refused"), httpx.Response(200))  # gone, then back
+    script.on("GET", "/model_info", httpx.ConnectError("refused"))
+    assert run(eng.health(BOX)) is False
+    assert run(eng.health(BOX)) is True
     assert run(eng.epoch(BOX)) != second
+    # Nothing in this info names the process: another warmer (adapter) instance cannot trust the epoch.
+    assert run(engine(script).epoch(BOX)) != run(eng.epoch(BOX))
 
 
-def test_epoch_prefers_process_start_time() -> None:
-    script = Script().on(
-        "GET", "/metrics", httpx.Response(200, text="process_start_time_seconds 1764470000.5\n")
+def test_epoch_with_startup_time_survives_a_warmer_restart_and_changes_with_the_process() -> None:
+    script = Script().on("GET", "/server_info", sglang_server_info(load_weight_seconds=41.7))
+    first = run(engine(script).epoch(BOX))
+    assert run(engine(script).epoch(BOX)) == first  # a new adapter (a warmer restart): same process
+    script.on("GET", "/server_info", sglang_server_info(load_weight_seconds=39.2))  # a new launch
+    assert run(engine(script).epoch(BOX)) != first
+
+
+def test_prompt_counter_going_backwards_is_a_new_epoch() -> None:
+    metrics = '# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{{model_name="m"}} {}\n'
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info())
+        .on("GET", "/metrics", httpx.Response(200, text=metrics.format(5000.0)))
     )
-    assert run(engine(script).epoch(BOX)) == "sglang-start-1764470000.5"
+    eng = engine(script)
+    first = run(eng.epoch(BOX))
+    script.on("GET", "/metrics", httpx.Response(200, text=metrics.format(6000.0)))
+    assert run(eng.epoch(BOX)) == first
+    script.on("GET", "/metrics", httpx.Response(200, text=metrics.format(12.0)))
+    assert run(eng.epoch(BOX)) != first
+
+
+def test_process_start_time_is_not_an_sglang_epoch() -> None:
+    """SGLang's /metrics never carries process_start_time_seconds (multi-process registry); a line that
+    looks like it does not decide the epoch, the server-info fingerprint does."""
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info())
+        .on("GET", "/metrics", httpx.Response(200, text="process_start_time_seconds 1764470000.5\n"))
+    )
+    epoch = run(engine(script).epoch(BOX))
+    assert not epoch.startswith("sglang-start")
+    assert epoch == run(engine(script).epoch(BOX))
+
+
+def test_slow_health_on_a_box_that_answers_is_up_and_keeps_the_epoch() -> None:
+    """/health is a real generation (up to 20 s on a busy box): a timeout there while /model_info answers
+    is slow, not down, and never a new epoch."""
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info())
+        .on("GET", "/health", httpx.ReadTimeout("generating"), httpx.Response(200))
+        .on("GET", "/model_info", {"model_path": "qwen", "is_generation": True})
+    )
+    eng = engine(script)
+    before = run(eng.epoch(BOX))
+    assert run(eng.health(BOX)) is True
+    assert run(eng.health(BOX)) is True
+    assert run(eng.epoch(BOX)) == before
+
+
+def test_health_timeout_on_a_box_that_does_not_answer_is_down() -> None:
+    script = (
+        Script()
+        .on("GET", "/health", httpx.ReadTimeout("nothing"))
+        .on("GET", "/model_info", httpx.ConnectTimeout("nothing"))
+    )
+    assert run(engine(script).health(BOX)) is False
 
 
 def test_cache_stats_from_metrics() -> None:

@@ -152,6 +152,20 @@ class EngineHttp:
     async def get_text(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> str:
         return (await self.request(box, "GET", path, time_limit=time_limit)).text
 
+    async def health_answer(self, box: BoxSpec, path: str) -> tuple[int | None, bool]:
+        """Health-style call: (HTTP status or None, whether it timed out). No retries.
+
+        A timeout is told apart from "no answer at all" because some engines' health route does real work
+        (SGLang runs a one-token generation) and is slow, not down, on a busy box.
+        """
+        try:
+            response = await self._client.get(box_url(box, path), timeout=self._timeout(self.timeouts.health))
+        except httpx.TimeoutException:
+            return None, True
+        except httpx.HTTPError:
+            return None, False
+        return response.status_code, False
+
     async def status(self, box: BoxSpec, path: str) -> int | None:
         """Health-style call: the HTTP status, or None when the engine did not answer at all. No retries."""
         try:
@@ -348,6 +362,11 @@ class RestartWatch:
     def epoch(self, box_id: str) -> str:
         watched = self._get(box_id)
         return f"watch-{self.nonce}-{watched.generation}"
+
+    def generation(self, box_id: str) -> int:
+        """Restarts this adapter has seen (bounces, counter resets, marker changes), without the nonce:
+        for engines whose own fingerprint already names the process."""
+        return self._get(box_id).generation
 
 
 # --- What every adapter shares ------------------------------------------------------------------------

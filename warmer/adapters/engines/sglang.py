@@ -8,14 +8,27 @@ Sources (sgl-project/sglang):
   `meta_info.update({"completion_tokens": ..., "cached_tokens": recv_obj.cached_tokens[i]})`). Unlike
   `usage.prompt_tokens_details` on the OpenAI routes, `meta_info.cached_tokens` needs no server flag.
   Timings: `meta_info.e2e_latency` (seconds) when present.
-- GET /health: 200 when serving, 503 while starting. GET /server_info (the deprecated /get_server_info only
+- GET /health runs a real one-token generation (sglang 0.5.23 http_server.py `health_generate`, with
+  SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION on by default) and waits up to SGLANG_HEALTH_CHECK_TIMEOUT
+  (20 s) for the scheduler: 200 when it answered, 503 while starting, shutting down, or after that wait.
+  On a busy box it is slow, not down: a /health timeout on a box whose `/model_info` (tokenizer-manager
+  fields only, no scheduler round trip) still answers is "slow" and counts as up.
+- GET /server_info (the deprecated /get_server_info only
   forwards to it: sglang 0.5.23 sglang/srt/entrypoints/http_server.py `get_server_info`): the resolved
   server args (`server_args.resolved_dict()`, sglang/srt/utils/common.py `build_server_info`), including
   `model_path`, `random_seed` (drawn at random per launch unless pinned), `page_size` and, for hybrid
   models, `mamba_radix_cache_strategy` (earlier releases: `mamba_scheduler_strategy`), plus `version`.
 - GET /metrics (with `--enable-metrics`): `sglang:prompt_tokens_total`, `sglang:cached_tokens_total`
-  (labelled by `cache_source` in newer versions: summed), `sglang:cache_hit_rate` (gauge)
-  (docs/references/production_metrics.md).
+  (labelled by `cache_source` in newer versions: summed) (docs/references/production_metrics.md). It has
+  no `process_start_time_seconds` (SGLang serves a multi-process registry), so restarts are told by:
+  - the /server_info fingerprint: `startup_time` (0.5.23: the launch's measured per-phase durations,
+    http_server.py `set_startup_time`) and `random_seed` (drawn per launch unless pinned) change per
+    process; with `startup_time` present the epoch is that fingerprint alone, so a warmer restart over a
+    running SGLang keeps the epoch; without it nothing names the process and the epoch carries this
+    adapter's nonce (a warmer restart re-verifies);
+  - `sglang:prompt_tokens_total` going backwards (a counter only grows within one process);
+  - the box being unreachable (no answer at all) and coming back. A 503 or a slow /health from a process
+    that still answers is not a restart.
 
 Prompts are sent as text: SGLang tokenizes the same text the same way for the warm, the probe and the chat
 requests it renders, and /generate cannot mix token ids with a text suffix.
@@ -138,14 +151,37 @@ class SglangEngine(EngineAdapter[str]):
             layout = self._layouts[box.id]
         return layout
 
+    async def health(self, box: BoxSpec) -> bool:
+        """Up on 200, and on a /health timeout while the box still answers (slow, not down). Only a box
+        that does not answer at all feeds the restart watch as down: a 503 comes from a live process."""
+        status, timed_out = await self._http.health_answer(box, "/health")
+        if status == 200:
+            self._watch.saw_health(box.id, True)
+            return True
+        if timed_out and await self._answers(box):
+            return True
+        if status is None:  # no answer at all (refused, or nothing answers in time): a restart may follow
+            self._watch.saw_health(box.id, False)
+        return False
+
+    async def _answers(self, box: BoxSpec) -> bool:
+        status, _ = await self._http.health_answer(box, "/model_info")
+        return status == 200
+
     async def epoch(self, box: BoxSpec) -> str:
-        started = await self._process_start(box)  # None also when --enable-metrics is off
-        if started is not None:
-            return f"sglang-start-{started!r}"
         info = await self._server_info(box)
         fingerprint = {key: info.get(key) for key in ("model_path", "random_seed", "version", "port")}
+        startup = info.get("startup_time")
+        per_process = isinstance(startup, dict) and bool(startup)
+        if per_process:
+            fingerprint["startup_time"] = startup
         marker = fingerprint_digest(fingerprint, length=12)
-        self._watch.saw_state(box.id, marker=marker)
+        samples = await self._metrics_if_exposed(box)  # None when --enable-metrics is off
+        prompts = None if samples is None else metric_sum(samples, "sglang:prompt_tokens_total")
+        self._watch.saw_state(box.id, marker=marker, counter=prompts)
+        generation = self._watch.generation(box.id)
+        if per_process:
+            return f"sglang-{marker}-g{generation}"
         return f"sglang-{marker}-{self._watch.epoch(box.id)}"
 
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str:
