@@ -222,7 +222,19 @@ def test_health_timeout_on_a_box_that_does_not_answer_is_down() -> None:
 def test_cache_stats_from_metrics() -> None:
     script = Script().on("GET", "/metrics", httpx.Response(200, text=SGLANG_METRICS))
     stats = run(engine(script).cache_stats(BOX))
-    assert (stats.queried_tokens, stats.hit_tokens, stats.hit_rate) == (4096.0, 3168.0, 0.77)
+    assert (stats.queried_tokens, stats.hit_tokens) == (4096.0, 3168.0)  # the last-batch gauge is not read
+
+
+def test_cache_stats_with_one_counter_missing_is_malformed() -> None:
+    text = "# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total 10.0\n"
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=text))
+    with pytest.raises(MalformedResponse, match="sglang:cached_tokens_total"):
+        run(engine(script).cache_stats(BOX))
+
+
+def test_cache_stats_metrics_off_is_not_supported() -> None:
+    with pytest.raises(NotSupported, match="--enable-metrics"):
+        run(engine(Script()).cache_stats(BOX))
 
 
 def test_tokenize_and_render_are_not_supported() -> None:

@@ -203,7 +203,6 @@ class CacheStats:
 
     queried_tokens: float | None  # prompt tokens looked up in the cache
     hit_tokens: float | None  # of those, tokens served from cache
-    hit_rate: float | None = None  # when the engine reports a rate instead of counters (SGLang)
 
 
 @dataclass(frozen=True, slots=True)

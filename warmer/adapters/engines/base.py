@@ -29,7 +29,17 @@ from warmer.core.errors import (
     MalformedResponse,
     NotSupported,
 )
-from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.hitrate import CACHE_COUNTERS, cache_stats_from_samples
+from warmer.core.model import (
+    BoxSpec,
+    CacheLayout,
+    CacheStats,
+    CompletionReport,
+    EngineKind,
+    EngineTimeouts,
+    Prefix,
+    RetryPolicy,
+)
 from warmer.core.promtext import MetricsTextError, Sample, parse_prometheus_text, sum_samples
 
 JsonObject = dict[str, Any]
@@ -303,6 +313,21 @@ def process_start_time(samples: Sequence[Sample]) -> float | None:
     return min(values) if values else None
 
 
+def cache_stats_of(box: BoxSpec, engine: EngineKind, samples: Sequence[Sample]) -> CacheStats:
+    """The one /metrics -> CacheStats rule (`warmer.core.hitrate.cache_stats_from_samples`, which the CLI
+    uses too), with the adapters' typed errors: no counters this engine kind writes is NotSupported, one of
+    the pair missing is MalformedResponse. Never a 0 for an absent counter."""
+    try:
+        stats = cache_stats_from_samples(engine, samples)
+    except ValueError as exc:
+        raise NotSupported(box.id, f"/metrics: {exc}") from None
+    if stats.queried_tokens is None or stats.hit_tokens is None:
+        names = CACHE_COUNTERS.get(engine)
+        wanted = " and ".join(group[0] for group in names) if names else "prefix-cache counters"
+        raise MalformedResponse(box.id, f"/metrics lacks {wanted}")
+    return stats
+
+
 def metric_sum(samples: Sequence[Sample], *names: str) -> float | None:
     """Sum over label sets of the first metric name present; None if none is exposed."""
     for name in names:
@@ -382,6 +407,9 @@ class EngineAdapter(ABC, Generic[PromptT]):
     with the default time limit, and a restart warm-up always the caller's sampling with the long one.
     """
 
+    engine_kind: EngineKind  # whose /metrics counters `cache_stats` reads
+    metrics_off_hint = "the server exposes no /metrics"
+
     def __init__(
         self,
         client: httpx.AsyncClient,
@@ -392,6 +420,12 @@ class EngineAdapter(ABC, Generic[PromptT]):
     ) -> None:
         self._http = EngineHttp(client, timeouts=timeouts, retry=retry)
         self._watch = watch or RestartWatch()
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        """The engine's cumulative prefix-cache counters from /metrics, by the one rule (`cache_stats_of`)."""
+        with unsupported_when_rejected(box, self.metrics_off_hint):
+            samples = await self._metrics(box)
+        return cache_stats_of(box, self.engine_kind, samples)
 
     async def _health_status(self, box: BoxSpec) -> int | None:
         return await self._http.status(box, "/health")

@@ -40,16 +40,14 @@ from warmer.adapters.engines.base import (
     check_cached_within_prompt,
     count_field,
     dig,
-    metric_sum,
     reject_error_body,
-    unsupported_when_rejected,
 )
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import (
     BoxSpec,
     CacheLayout,
-    CacheStats,
     CompletionReport,
+    EngineKind,
     EngineTimeouts,
     Prefix,
     RetryPolicy,
@@ -94,6 +92,7 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
 
     cache_hint = "the server does not report usage.prompt_tokens_details.cached_tokens"
     kind = "openai"
+    engine_kind = EngineKind.OPENAI  # /metrics counters of whichever engine the names say it is
 
     def __init__(
         self,
@@ -215,17 +214,3 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
 
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         raise NotSupported(box.id, "a generic OpenAI-compatible server has no tokenize endpoint")
-
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        with unsupported_when_rejected(box, "the server exposes no /metrics"):
-            samples = await self._metrics(box)
-        queries = metric_sum(samples, "vllm:prefix_cache_queries_total")
-        hits = metric_sum(samples, "vllm:prefix_cache_hits_total")
-        if queries is not None and hits is not None:
-            return CacheStats(queried_tokens=queries, hit_tokens=hits)
-        prompt = metric_sum(samples, "sglang:prompt_tokens_total")
-        cached = metric_sum(samples, "sglang:cached_tokens_total")
-        rate = metric_sum(samples, "sglang:cache_hit_rate")
-        if prompt is not None or cached is not None or rate is not None:
-            return CacheStats(queried_tokens=prompt, hit_tokens=cached, hit_rate=rate)
-        raise NotSupported(box.id, "/metrics has no prefix-cache counters this adapter knows")

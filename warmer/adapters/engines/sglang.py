@@ -55,14 +55,13 @@ from warmer.adapters.engines.base import (
     metric_sum,
     optional_seconds,
     reject_error_body,
-    unsupported_when_rejected,
 )
-from warmer.core.errors import MalformedResponse, NotSupported
+from warmer.core.errors import NotSupported
 from warmer.core.model import (
     BoxSpec,
     CacheLayout,
-    CacheStats,
     CompletionReport,
+    EngineKind,
     EngineTimeouts,
     MambaStrategy,
     Prefix,
@@ -120,6 +119,9 @@ def layout_from_server_info(info: JsonObject) -> CacheLayout:
 
 class SglangEngine(EngineAdapter[str]):
     """EnginePort for SGLang's native /generate API."""
+
+    engine_kind = EngineKind.SGLANG
+    metrics_off_hint = "SGLang /metrics is off (start it with --enable-metrics)"
 
     def __init__(
         self,
@@ -212,15 +214,3 @@ class SglangEngine(EngineAdapter[str]):
 
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         raise NotSupported(box.id, "tokenize with the model profile's tokenizer file for SGLang boxes")
-
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        with unsupported_when_rejected(box, "SGLang /metrics is off (start it with --enable-metrics)"):
-            samples = await self._metrics(box)
-        prompt = metric_sum(samples, "sglang:prompt_tokens_total")
-        cached = metric_sum(samples, "sglang:cached_tokens_total")
-        # A gauge: with several series (one per DP rank) no single rate is honest, so report none.
-        rate_values = [s.value for s in samples if s.name == "sglang:cache_hit_rate"]
-        rate = rate_values[0] if len(rate_values) == 1 else None
-        if prompt is None and cached is None and rate is None:
-            raise MalformedResponse(box.id, "/metrics lacks sglang:prompt_tokens_total / cached_tokens_total")
-        return CacheStats(queried_tokens=prompt, hit_tokens=cached, hit_rate=rate)

@@ -25,15 +25,13 @@ from collections.abc import Sequence
 
 from warmer.adapters.engines.base import (
     JsonObject,
-    metric_sum,
     process_start_time,
     string_field,
     token_list,
     unsupported_when_rejected,
 )
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
-from warmer.core.errors import MalformedResponse
-from warmer.core.model import BoxSpec, CacheLayout, CacheStats, Prefix
+from warmer.core.model import BoxSpec, CacheLayout, EngineKind, Prefix
 from warmer.core.promtext import Sample
 
 
@@ -52,6 +50,7 @@ class VllmEngine(OpenAICompatibleEngine):
 
     cache_hint = "start vLLM with --enable-prompt-tokens-details"
     kind = "vllm"
+    engine_kind = EngineKind.VLLM
 
     async def _process_start(self, box: BoxSpec) -> float | None:
         """The epoch read also refreshes the box's cache layout from the same /metrics body."""
@@ -116,11 +115,3 @@ class VllmEngine(OpenAICompatibleEngine):
         with unsupported_when_rejected(box, "this vLLM has no /detokenize", statuses=(404, 405)):
             response, _ = await self._http.post_json(box, "/detokenize", body)
         return string_field(box, "/detokenize", response, "prompt")
-
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        samples = await self._metrics(box)
-        queries = metric_sum(samples, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
-        hits = metric_sum(samples, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
-        if queries is None or hits is None:
-            raise MalformedResponse(box.id, "/metrics lacks vllm:prefix_cache_queries_total / _hits_total")
-        return CacheStats(queried_tokens=queries, hit_tokens=hits)
