@@ -44,9 +44,11 @@ class EnginePort(Protocol):
         ...
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, rank: int | None = None
     ) -> CompletionReport:
-        """Send the prefix (plus an optional short suffix) greedily; report cached prompt tokens."""
+        """Send the prefix (plus an optional short suffix) greedily; report cached prompt tokens. `rank`
+        pins a data-parallel rank (`CacheLayout.data_parallel_ranks` > 1); engines without ranks refuse it
+        with NotSupported."""
         ...
 
     async def complete_prompt(

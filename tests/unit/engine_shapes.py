@@ -267,3 +267,39 @@ class MambaRadixModel:
             return httpx.Response(200, json=sglang_generate(len(text), self.generate(text)))
 
         return answer
+
+
+class DataParallelSglang:
+    """An SGLang box started with --dp-size N: each rank has its own radix cache (dense, page 1).
+
+    sglang 0.5.23 managers/data_parallel_controller.py: a request naming its rank (`routed_dp_rank`, or the
+    deprecated `data_parallel_rank` that io_struct.py GenerateReqInput maps to it) goes to that rank;
+    others are spread over the ranks by --load-balance-method (round robin here, one of its choices in
+    arg_groups/fields/parallel.py; any spreading shows the same miss).
+    """
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.seen: list[list[str]] = [[] for _ in range(ranks)]
+        self.next_rank = 0
+        self.routed: list[int] = []
+
+    def handler(self) -> Callable[[httpx.Request], httpx.Response]:
+        def answer(request: httpx.Request) -> httpx.Response:
+            body = json.loads(request.content)
+            rank = body.get("data_parallel_rank")
+            if rank is None:
+                rank, self.next_rank = self.next_rank, (self.next_rank + 1) % self.ranks
+            self.routed.append(rank)
+            text = body["text"]
+            limit = len(text) - 1
+            cached = 0
+            for seq in self.seen[rank]:
+                n = 0
+                while n < min(len(seq), limit) and seq[n] == text[n]:
+                    n += 1
+                cached = max(cached, n)
+            self.seen[rank].append(text)
+            return httpx.Response(200, json=sglang_generate(len(text), cached))
+
+        return answer

@@ -11,6 +11,7 @@ from tests.unit.engine_shapes import (
     FAST_RETRY,
     SGLANG_METRICS,
     SHORT_TIMEOUTS,
+    DataParallelSglang,
     MambaRadixModel,
     Script,
     box,
@@ -392,3 +393,38 @@ def test_missing_cache_field_fails_the_warm_never_verifies_it() -> None:
     assert not outcome.verified
     assert outcome.reason is not None
     assert "cached_tokens" in outcome.reason
+
+
+def test_dp_ranks_are_each_warmed_and_probed_by_rank() -> None:
+    """--dp-size 2: without a rank the probe may land on the other rank's (cold) cache; naming the rank
+    makes warm and probe meet, and the prefix is verified only when every rank holds it."""
+    server = DataParallelSglang(ranks=2)
+    info = {**sglang_server_info(), "dp_size": 2}
+    script = Script().on("GET", "/server_info", info).on("POST", "/generate", server.handler())
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG)
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, dense, PREFIX))
+    assert outcome.verified, outcome.reason
+    assert outcome.ranks == 2
+    assert server.routed == [0, 0, 1, 1]  # warm + probe on rank 0, then on rank 1
+    assert all(len(seen) == 2 for seen in server.seen)
+    assert "on each of 2 DP ranks" in outcome.describe()
+
+
+def test_dp_rank_probe_miss_names_the_rank() -> None:
+    server = DataParallelSglang(ranks=2)
+    info = {**sglang_server_info(), "dp_size": 2}
+    script = Script().on("GET", "/server_info", info).on("POST", "/generate", server.handler())
+    server.seen[0].append(PREFIX.text)  # only rank 0 holds the prefix
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG)
+    outcome = run(WarmExecutor(engine(script), StepClock()).probe(BOX, dense, PREFIX))
+    assert not outcome.verified
+    assert outcome.reason is not None
+    assert outcome.reason.startswith("DP rank 1: probe saw 0 cached")
+
+
+def test_other_engines_refuse_a_rank() -> None:
+    from warmer.adapters.engines.llamacpp import LlamaCppEngine
+
+    llama = LlamaCppEngine(Script().client())
+    with pytest.raises(NotSupported, match="data-parallel rank"):
+        run(llama.complete_prefix(box(EngineKind.LLAMACPP), PREFIX, rank=1))

@@ -103,9 +103,11 @@ class CacheLayout:
     mamba_strategy: MambaStrategy | None = None  # hybrid models on SGLang
     mamba_chunk_tokens: int | None = None  # the server's own mamba_cache_chunk_size, when it reports one
     source: str = ""  # where the numbers came from, for outcomes and logs
+    # Data-parallel ranks behind the box's one URL, each with its own cache (SGLang --dp-size)
+    data_parallel_ranks: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("page_tokens", "mamba_chunk_tokens"):
+        for name in ("page_tokens", "mamba_chunk_tokens", "data_parallel_ranks"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

@@ -41,13 +41,15 @@ class WarmOutcome:
     block_tokens: int = 1
     reason: str | None = None  # why it is not verified
     block_source: str = "profile"  # where `block_tokens` came from (the server's report, else the profile)
+    ranks: int = 1  # data-parallel ranks warmed and probed (each has its own cache)
 
     def describe(self) -> str:
         cached = "?" if self.cached_tokens is None else str(self.cached_tokens)
         verdict = "verified" if self.verified else f"NOT verified ({self.reason})"
         engine = "" if self.engine_seconds is None else f", engine {self.engine_seconds * 1000:.1f} ms"
+        ranks = "" if self.ranks == 1 else f" on each of {self.ranks} DP ranks"
         return (
-            f"{self.box_id}: {verdict}: cached {cached} / {self.prefix_tokens} prefix tokens"
+            f"{self.box_id}: {verdict}: cached {cached} / {self.prefix_tokens} prefix tokens{ranks}"
             f" (block {self.block_tokens} from {self.block_source});"
             f" {self.requests_sent} requests in {self.rounds} round(s),"
             f" {self.wall_seconds * 1000:.1f} ms{engine}"
@@ -88,46 +90,84 @@ class WarmExecutor:
         except EngineError:
             return CacheLayout()
 
-    async def _start(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> _Run:
+    async def _start(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix
+    ) -> tuple[_Run, list[int | None]]:
+        """A fresh tally with the server's granularity, and the data-parallel ranks to go through: each
+        rank of an SGLang `--dp-size N` box has its own cache, so a warm and its probe name the rank."""
         layout = await self._layout(box)
         run = _Run(box, profile, prefix, started=self._clock.monotonic())
         run.block_tokens = hit_granularity(profile, layout)
         if layout.page_tokens is not None or layout.mamba_strategy is not None:
             run.block_source = layout.source or "server"
-        return run
+        ranks: list[int | None] = (
+            list(range(layout.data_parallel_ranks)) if layout.data_parallel_ranks > 1 else [None]
+        )
+        run.ranks = len(ranks)
+        return run, ranks
+
+    async def _complete(
+        self, box: BoxSpec, prefix: Prefix, rank: int | None, *, suffix: str = ""
+    ) -> CompletionReport:
+        if rank is None:
+            return await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1)
+        return await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1, rank=rank)
 
     async def warm_and_verify(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
-        """Warm `prefix` on `box` and probe until the engine reports the hit (bounded)."""
-        run = await self._start(box, profile, prefix)
+        """Warm `prefix` on `box` (every data-parallel rank) and probe until the engine reports the hit
+        (bounded); verified only when every rank showed it."""
+        run, ranks = await self._start(box, profile, prefix)
         rounds = self._max_rounds if profile.running_state else 1
         try:
-            for round_no in range(1, rounds + 1):
-                run.rounds = round_no
-                report = await self._engine.complete_prefix(box, prefix, max_tokens=1)
-                run.add(report)
-                # The prefix alone: the engine's own token count for it is the honest bar to clear.
-                run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
-                if self._judge(run, await self._probe_report(box, prefix, run)):
-                    return run.outcome(self._clock.monotonic(), verified=True)
+            for rank in ranks:
+                run.rank = rank
+                if not await self._warm_rank(box, prefix, run, rank, rounds):
+                    return run.outcome(
+                        self._clock.monotonic(), verified=False, reason=run.miss_reason(rounds)
+                    )
         except EngineError as exc:
-            return run.outcome(self._clock.monotonic(), verified=False, reason=f"engine error: {exc}")
-        return run.outcome(self._clock.monotonic(), verified=False, reason=run.miss_reason(rounds))
+            return run.outcome(
+                self._clock.monotonic(), verified=False, reason=run.ranked(f"engine error: {exc}")
+            )
+        return run.outcome(self._clock.monotonic(), verified=True)
+
+    async def _warm_rank(
+        self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None, rounds: int
+    ) -> bool:
+        for round_no in range(1, rounds + 1):
+            run.rounds = max(run.rounds, round_no)
+            report = await self._complete(box, prefix, rank)
+            run.add(report)
+            # The prefix alone: the engine's own token count for it is the honest bar to clear.
+            run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
+            if self._judge(run, await self._probe_report(box, prefix, run, rank)):
+                return True
+        return False
 
     async def probe(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
-        """One probe: is the prefix still cached? (It also touches it, like any request would.)"""
-        run = await self._start(box, profile, prefix)
+        """One probe (per data-parallel rank): is the prefix still cached? (It also touches it, like any
+        request would.)"""
+        run, ranks = await self._start(box, profile, prefix)
         run.rounds = 1
         try:
-            verified = self._judge(run, await self._probe_report(box, prefix, run))
+            for rank in ranks:
+                run.rank = rank
+                if not self._judge(run, await self._probe_report(box, prefix, run, rank)):
+                    return run.outcome(self._clock.monotonic(), verified=False, reason=run.miss_reason(1))
         except EngineError as exc:
-            return run.outcome(self._clock.monotonic(), verified=False, reason=f"engine error: {exc}")
-        reason = None if verified else run.miss_reason(1)
-        return run.outcome(self._clock.monotonic(), verified=verified, reason=reason)
+            return run.outcome(
+                self._clock.monotonic(), verified=False, reason=run.ranked(f"engine error: {exc}")
+            )
+        return run.outcome(self._clock.monotonic(), verified=True)
 
-    async def _probe_report(self, box: BoxSpec, prefix: Prefix, run: _Run) -> CompletionReport:
-        report = await self._engine.complete_prefix(box, prefix, suffix=self._probe_suffix(), max_tokens=1)
+    async def _probe_report(
+        self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None
+    ) -> CompletionReport:
+        report = await self._complete(box, prefix, rank, suffix=self._probe_suffix())
         run.add(report)
-        run.cached_tokens = report.cached_tokens
+        # Over several ranks the outcome carries the smallest last hit: what every rank holds at least.
+        run.last_cached[rank] = report.cached_tokens
+        run.cached_tokens = min(run.last_cached.values())
         run.probe_prompt_tokens = report.prompt_tokens
         run.cache_note = report.cache_note
         return report
@@ -161,6 +201,12 @@ class _Run:
         self.engine_seconds: float | None = None
         self.inconsistent = False
         self.unknown_size = False
+        self.rank: int | None = None  # the data-parallel rank being warmed (None: the box has one)
+        self.last_cached: dict[int | None, int] = {}  # the last probe's cached tokens, per rank
+        self.ranks = 1
+
+    def ranked(self, reason: str) -> str:
+        return reason if self.rank is None else f"DP rank {self.rank}: {reason}"
 
     def add(self, report: CompletionReport) -> None:
         self.requests += 1
@@ -171,13 +217,13 @@ class _Run:
         if self.unknown_size:
             return "the prefix's token count is unknown (0), so no probe can prove it cached"
         if self.inconsistent:
-            return (
+            return self.ranked(
                 f"probe counted {self.probe_prompt_tokens} prompt tokens, fewer than the"
                 f" {self.prefix_tokens}-token prefix it contains: token counts disagree"
             )
         note = f"; {self.cache_note}" if self.cache_note else ""
-        return (
-            f"probe saw {self.cached_tokens} cached of {self.prefix_tokens} prefix tokens"
+        return self.ranked(
+            f"probe saw {self.last_cached.get(self.rank)} cached of {self.prefix_tokens} prefix tokens"
             f" (need >= {self.prefix_tokens - self.block_tokens}) after {rounds} round(s){note}"
         )
 
@@ -195,4 +241,5 @@ class _Run:
             block_tokens=self.block_tokens,
             reason=None if verified else reason,
             block_source=self.block_source,
+            ranks=self.ranks,
         )

@@ -475,8 +475,10 @@ class EngineAdapter(ABC, Generic[PromptT]):
         """One non-streamed completion, parsed into a checked CompletionReport."""
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, rank: int | None = None
     ) -> CompletionReport:
+        if rank is not None:
+            raise NotSupported(box.id, f"{type(self).__name__} cannot pin a data-parallel rank")
         prompt = await self._prompt_for(box, prefix, suffix)
         return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0)
 

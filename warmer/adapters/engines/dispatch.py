@@ -64,11 +64,13 @@ class EngineDispatcher:
         return await self._engine(box).epoch(box)
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, rank: int | None = None
     ) -> CompletionReport:
         engine = self._engine(box)
         async with self.warm_slots(box.id):
-            return await engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens)
+            if rank is None:
+                return await engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens)
+            return await engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens, rank=rank)
 
     async def complete_prompt(
         self,

@@ -114,6 +114,7 @@ def layout_from_server_info(info: JsonObject) -> CacheLayout:
         mamba_strategy=_STRATEGIES.get(strategy) if isinstance(strategy, str) else None,
         mamba_chunk_tokens=_positive_int(info.get("mamba_cache_chunk_size")),
         source="sglang /server_info",
+        data_parallel_ranks=_positive_int(info.get("dp_size")) or 1,
     )
 
 
@@ -189,6 +190,17 @@ class SglangEngine(EngineAdapter[str]):
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str:
         return prefix.text + suffix
 
+    async def complete_prefix(
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, rank: int | None = None
+    ) -> CompletionReport:
+        """With `rank`, the request names its data-parallel rank, so the warm and its probe meet the same
+        cache: `data_parallel_rank` (sglang 0.5.23 managers/io_struct.py GenerateReqInput: the deprecated
+        alias of `routed_dp_rank`, still accepted and mapped to it; earlier releases know only this
+        spelling); the DP controller then dispatches to that rank (managers/data_parallel_controller.py:
+        `if req.routed_dp_rank is not None`)."""
+        prompt = await self._prompt_for(box, prefix, suffix)
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, rank=rank)
+
     async def _complete(
         self,
         box: BoxSpec,
@@ -198,11 +210,14 @@ class SglangEngine(EngineAdapter[str]):
         temperature: float,
         json_schema: dict[str, object] | None = None,
         time_limit: float | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
         params: JsonObject = {"max_new_tokens": max_tokens, "temperature": temperature}
         if json_schema is not None:
             params["json_schema"] = json.dumps(json_schema)  # SGLang takes the schema as a JSON string
         body: JsonObject = {"text": prompt, "sampling_params": params, "stream": False}
+        if rank is not None:
+            body["data_parallel_rank"] = rank
         response, wall = await self._http.post_json(box, GENERATE_PATH, body, time_limit=time_limit)
         reject_error_body(box, GENERATE_PATH, response, unless="meta_info")
         return parse_generate(box, response, wall)
