@@ -211,6 +211,20 @@ def test_slow_health_on_a_box_that_answers_is_up_and_keeps_the_epoch() -> None:
     assert run(eng.epoch(BOX)) == before
 
 
+def test_slow_server_info_on_a_box_that_answers_keeps_the_last_epoch() -> None:
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(), httpx.ReadTimeout("busy"))
+        .on("GET", "/model_info", {"model_path": "qwen", "is_generation": True})
+    )
+    eng = engine(script)
+    first = run(eng.epoch(BOX))
+    assert run(eng.epoch(BOX)) == first  # /server_info timed out on every attempt; the box answered
+    script.on("GET", "/model_info", httpx.ConnectError("refused"))
+    with pytest.raises(EngineUnavailable):
+        run(eng.epoch(BOX))  # nothing answers: no epoch to vouch for
+
+
 def test_health_timeout_on_a_box_that_does_not_answer_is_down() -> None:
     script = (
         Script()

@@ -56,7 +56,7 @@ from warmer.adapters.engines.base import (
     optional_seconds,
     reject_error_body,
 )
-from warmer.core.errors import NotSupported
+from warmer.core.errors import EngineUnavailable, NotSupported
 from warmer.core.model import (
     BoxSpec,
     CacheLayout,
@@ -134,6 +134,7 @@ class SglangEngine(EngineAdapter[str]):
     ) -> None:
         super().__init__(client, timeouts=timeouts, retry=retry, watch=watch)
         self._layouts: dict[str, CacheLayout] = {}  # box id -> layout of the last /server_info read
+        self._epochs: dict[str, str] = {}  # box id -> the last epoch read
 
     async def _server_info(self, box: BoxSpec) -> JsonObject:
         """/server_info, or the deprecated /get_server_info on servers that predate it."""
@@ -172,6 +173,20 @@ class SglangEngine(EngineAdapter[str]):
         return status == 200
 
     async def epoch(self, box: BoxSpec) -> str:
+        """The process identity (see the module docstring). /server_info asks the scheduler for its state
+        (http_server.py `server_info` -> `get_internal_state`), so on a busy box it can be as slow as
+        /health: when it does not answer but the box does, the last epoch stands (slow is not a restart)."""
+        try:
+            epoch = await self._epoch(box)
+        except EngineUnavailable:
+            last = self._epochs.get(box.id)
+            if last is not None and await self._answers(box):
+                return last
+            raise
+        self._epochs[box.id] = epoch
+        return epoch
+
+    async def _epoch(self, box: BoxSpec) -> str:
         info = await self._server_info(box)
         fingerprint = {key: info.get(key) for key in ("model_path", "random_seed", "version", "port")}
         startup = info.get("startup_time")
