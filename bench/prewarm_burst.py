@@ -34,6 +34,7 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import NotSupported
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     CacheLayout,
     CacheStats,
@@ -81,7 +82,7 @@ class TimedEngine:
         return f"gen-{self.generation}"
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         assert prefix.token_ids is not None
         (self.probes if suffix.startswith("\n#probe") else self.warms)[box.id] += 1
@@ -123,6 +124,9 @@ class TimedEngine:
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "bench")
 
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return BoxCapacity(source="bench")
+
 
 class Source:
     async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix:
@@ -163,6 +167,9 @@ class NaiveBackend:
 
     def box(self, box_id: str) -> BoxSpec | None:
         return next((b for b in self._boxes if b.id == box_id), None)
+
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        return None
 
 
 async def ready() -> Readiness:

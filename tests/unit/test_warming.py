@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from warmer.core.errors import EngineUnavailable
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     CacheLayout,
     CacheStats,
@@ -44,7 +45,7 @@ class FakeEngine:
         self.suffixes: list[str] = []
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         self.suffixes.append(suffix)
         if not suffix:
@@ -83,6 +84,9 @@ class FakeEngine:
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotImplementedError
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return BoxCapacity(source="fake")
 
 
 def report(prompt: int, cached: int) -> CompletionReport:

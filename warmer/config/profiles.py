@@ -75,6 +75,7 @@ class RestartFile(_Table):
     burst_max_tokens: int = Field(default=_RESTART.burst_max_tokens, ge=1)
     long_prefill_tokens: int = Field(default=_RESTART.long_prefill_tokens, ge=0)
     long_prefill_margin_tokens: int = Field(default=_RESTART.long_prefill_margin_tokens, ge=0)
+    long_prefill_headroom: float = Field(default=_RESTART.long_prefill_headroom, ge=1.0, le=16.0)
 
     @model_validator(mode="after")
     def _levels_positive(self) -> RestartFile:
@@ -90,6 +91,7 @@ class RestartFile(_Table):
             burst_max_tokens=self.burst_max_tokens,
             long_prefill_tokens=self.long_prefill_tokens,
             long_prefill_margin_tokens=self.long_prefill_margin_tokens,
+            long_prefill_headroom=self.long_prefill_headroom,
         )
 
 

@@ -460,6 +460,15 @@ class BoxSettings(_Section):
         ge=1,
         description="Prefix tokens the box's cache holds, when known; bounds how many prefixes it is given.",
     )
+    prefix_capacity: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Distinct prefixes the box holds at once, beside its live calls. Unset: what the engine reports "
+            "(llama.cpp: one per slot). Set it for a llama.cpp host prompt cache (--cache-ram), whose size "
+            "the engine does not report."
+        ),
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -575,6 +584,7 @@ class Settings(BaseSettings):
                     slots=slots,
                     group=box.group,
                     cache_capacity_tokens=box.cache_capacity_tokens,
+                    prefix_capacity=box.prefix_capacity,
                 )
             )
         return tuple(specs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class EngineKind(enum.StrEnum):
@@ -47,8 +47,13 @@ class RestartRecipe:
     constrained: ConstrainedRequest | None = field(default_factory=ConstrainedRequest)
     burst_levels: tuple[int, ...] = (1, 4, 16)  # concurrency levels, capped at the box's slot count
     burst_max_tokens: int = 4
-    long_prefill_tokens: int = 0  # 0 = context length minus a margin
+    # 0 = sized to the longest prompt the box's calls send: the longest stable prefix of the model's
+    # agents times `long_prefill_headroom` (their dynamic tail and a few turns), within the context minus a
+    # margin; the whole context when no prefix is known yet. A prefill longer than any real request only
+    # adds warm traffic on every box at every restart.
+    long_prefill_tokens: int = 0
     long_prefill_margin_tokens: int = 64
+    long_prefill_headroom: float = 1.25
 
 
 class MambaStrategy(enum.StrEnum):
@@ -124,12 +129,43 @@ class BoxSpec:
     slots: int = 1
     group: str = ""  # optional placement group (e.g. a rack, a region, a dedicated pool)
     cache_capacity_tokens: int | None = None  # prefix tokens the box can hold, when known
+    prefix_capacity: int | None = None  # distinct prefixes the box can hold at once, when known
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("box id must not be empty")
         if self.slots < 1:
             raise ValueError("box slots must be >= 1")
+        if self.prefix_capacity is not None and self.prefix_capacity < 1:
+            raise ValueError("box prefix_capacity must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class BoxCapacity:
+    """What a box's cache can hold beside its live calls, as the engine itself reports it.
+
+    Warming more prefixes than fit only evicts what was just warmed, so placement never gives a box more
+    than this. `prefixes`: distinct prompts held at once (llama.cpp keeps one prompt per slot);
+    `tokens`: prefix tokens (a shared token pool: vLLM blocks x block size, SGLang's token pool), already
+    reduced to the share left for prefixes beside live calls. None: the engine does not say.
+    """
+
+    prefixes: int | None = None
+    tokens: int | None = None
+    source: str = ""  # where the figures came from, for status and logs
+    # One prompt per slot, and a request may name its slot (llama.cpp `id_slot`): warmer then pins each
+    # prefix to a slot of its own, so its own requests and pinned calls never evict a neighbour's prompt.
+    pinnable_slots: int | None = None
+
+    def applied_to(self, box: BoxSpec) -> BoxSpec:
+        """The box with these limits where its configuration does not set its own (configuration wins)."""
+        return replace(
+            box,
+            prefix_capacity=box.prefix_capacity if box.prefix_capacity is not None else self.prefixes,
+            cache_capacity_tokens=(
+                box.cache_capacity_tokens if box.cache_capacity_tokens is not None else self.tokens
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +233,7 @@ class CompletionReport:
     # Why `cached_tokens` may not be the whole story (e.g. the engine sent `prompt_tokens_details: null`,
     # which means 0 cached but also what a server with cache reporting off sends); shown on a miss.
     cache_note: str | None = None
+    slot: int | None = None  # the engine slot that served it, where the engine has slots (llama.cpp)
 
 
 @dataclass(frozen=True, slots=True)

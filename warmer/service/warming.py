@@ -42,6 +42,7 @@ class WarmOutcome:
     reason: str | None = None  # why it is not verified
     block_source: str = "profile"  # where `block_tokens` came from (the server's report, else the profile)
     ranks: int = 1  # data-parallel ranks warmed and probed (each has its own cache)
+    slot: int | None = None  # the engine slot the last request ran in, where the engine has slots
 
     def describe(self) -> str:
         cached = "?" if self.cached_tokens is None else str(self.cached_tokens)
@@ -91,12 +92,12 @@ class WarmExecutor:
             return CacheLayout()
 
     async def _start(
-        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, slot: int | None
     ) -> tuple[_Run, list[int | None]]:
         """A fresh tally with the server's granularity, and the data-parallel ranks to go through: each
         rank of an SGLang `--dp-size N` box has its own cache, so a warm and its probe name the rank."""
         layout = await self._layout(box)
-        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+        run = _Run(box, profile, prefix, started=self._clock.monotonic(), slot=slot)
         run.block_tokens = hit_granularity(profile, layout)
         if layout.page_tokens is not None or layout.mamba_strategy is not None:
             run.block_source = layout.source or "server"
@@ -106,17 +107,30 @@ class WarmExecutor:
         run.ranks = len(ranks)
         return run, ranks
 
-    async def _complete(
-        self, box: BoxSpec, prefix: Prefix, rank: int | None, *, suffix: str = ""
+    async def _send(
+        self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None, *, suffix: str = ""
     ) -> CompletionReport:
+        """One greedy request in the run's slot (the engine's choice sticks once it reports one) and, on a
+        box with data-parallel ranks, on `rank`."""
         if rank is None:
-            return await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1)
-        return await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1, rank=rank)
+            report = await self._engine.complete_prefix(
+                box, prefix, suffix=suffix, max_tokens=1, slot=run.slot
+            )
+        else:
+            report = await self._engine.complete_prefix(
+                box, prefix, suffix=suffix, max_tokens=1, slot=run.slot, rank=rank
+            )
+        if report.slot is not None:
+            run.slot = report.slot
+        return report
 
-    async def warm_and_verify(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
+    async def warm_and_verify(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, slot: int | None = None
+    ) -> WarmOutcome:
         """Warm `prefix` on `box` (every data-parallel rank) and probe until the engine reports the hit
-        (bounded); verified only when every rank showed it."""
-        run, ranks = await self._start(box, profile, prefix)
+        (bounded); verified only when every rank showed it. `slot` pins every request to that engine slot
+        (see `EnginePort.complete_prefix`)."""
+        run, ranks = await self._start(box, profile, prefix, slot)
         rounds = self._max_rounds if profile.running_state else 1
         try:
             for rank in ranks:
@@ -136,7 +150,7 @@ class WarmExecutor:
     ) -> bool:
         for round_no in range(1, rounds + 1):
             run.rounds = max(run.rounds, round_no)
-            report = await self._complete(box, prefix, rank)
+            report = await self._send(box, prefix, run, rank)
             run.add(report)
             # The prefix alone: the engine's own token count for it is the honest bar to clear.
             run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
@@ -144,10 +158,12 @@ class WarmExecutor:
                 return True
         return False
 
-    async def probe(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
+    async def probe(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, slot: int | None = None
+    ) -> WarmOutcome:
         """One probe (per data-parallel rank): is the prefix still cached? (It also touches it, like any
         request would.)"""
-        run, ranks = await self._start(box, profile, prefix)
+        run, ranks = await self._start(box, profile, prefix, slot)
         run.rounds = 1
         try:
             for rank in ranks:
@@ -163,7 +179,7 @@ class WarmExecutor:
     async def _probe_report(
         self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None
     ) -> CompletionReport:
-        report = await self._complete(box, prefix, rank, suffix=self._probe_suffix())
+        report = await self._send(box, prefix, run, rank, suffix=self._probe_suffix())
         run.add(report)
         # Over several ranks the outcome carries the smallest last hit: what every rank holds at least.
         run.last_cached[rank] = report.cached_tokens
@@ -186,8 +202,11 @@ class WarmExecutor:
 class _Run:
     """Mutable tally of one warm-and-verify: evidence accumulates, then freezes into a WarmOutcome."""
 
-    def __init__(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, started: float) -> None:
+    def __init__(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, started: float, slot: int | None = None
+    ) -> None:
         self.box = box
+        self.slot = slot  # pinned by the caller, else the slot the engine chose for the first request
         self.prefix = prefix
         self.started = started
         self.block_tokens = max(1, profile.block_tokens)
@@ -242,4 +261,5 @@ class _Run:
             reason=None if verified else reason,
             block_source=self.block_source,
             ranks=self.ranks,
+            slot=self.slot,
         )

@@ -31,6 +31,7 @@ from warmer.core.errors import (
 )
 from warmer.core.hitrate import CACHE_COUNTERS, cache_stats_from_samples
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     CacheLayout,
     CacheStats,
@@ -448,6 +449,10 @@ class EngineAdapter(ABC, Generic[PromptT]):
         except EngineRejected:
             return None
 
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """Unknown unless the engine says: placement then relies on the box's configured limits."""
+        return BoxCapacity(source="not reported by this engine")
+
     async def _process_start(self, box: BoxSpec) -> float | None:
         samples = await self._metrics_if_exposed(box)
         return None if samples is None else process_start_time(samples)
@@ -475,7 +480,14 @@ class EngineAdapter(ABC, Generic[PromptT]):
         """One non-streamed completion, parsed into a checked CompletionReport."""
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, rank: int | None = None
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
         if rank is not None:
             raise NotSupported(box.id, f"{type(self).__name__} cannot pin a data-parallel rank")

@@ -40,7 +40,8 @@ from warmer.adapters.engines.base import (
     token_list,
     unsupported_when_rejected,
 )
-from warmer.core.model import BoxSpec, CompletionReport, EngineKind, Prefix
+from warmer.core.errors import NotSupported
+from warmer.core.model import BoxCapacity, BoxSpec, CompletionReport, EngineKind, Prefix
 
 COMPLETION_PATH = "/completion"
 
@@ -74,6 +75,34 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         self._watch.saw_state(box.id, marker=marker, counter=decodes)
         return f"llamacpp-{marker}-{self._watch.epoch(box.id)}"
 
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """One prompt per slot: llama-server keeps each slot's last prompt and picks the slot for a request
+        by longest common prefix, else the least recently used idle slot (server-context.cpp,
+        `get_available_slot`), so `total_slots` distinct prefixes can be held at once. A host prompt cache
+        (`--cache-ram`) holds more but its size is not reported: configure `prefix_capacity` for it."""
+        props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
+        slots = props.get("total_slots")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            return BoxCapacity(source="/props without total_slots")
+        # `id_slot` in a completion body runs it in that slot (server-context.cpp `get_available_slot`:
+        # "if a specific slot is requested, use it"), the OpenAI-style routes included.
+        return BoxCapacity(prefixes=slots, pinnable_slots=slots, source="/props total_slots")
+
+    async def complete_prefix(
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
+    ) -> CompletionReport:
+        if rank is not None:
+            raise NotSupported(box.id, "llama-server has no data-parallel ranks")
+        prompt = await self._prompt_for(box, prefix, suffix)
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, slot=slot)
+
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int | str]:
         if prefix.token_ids is not None:
             # Ids are sent as-is (no BOS added), so the cached run ends exactly at the prefix boundary;
@@ -90,6 +119,7 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         temperature: float,
         json_schema: dict[str, object] | None = None,
         time_limit: float | None = None,
+        slot: int | None = None,
     ) -> CompletionReport:
         body: JsonObject = {
             "prompt": prompt,
@@ -100,6 +130,8 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         }
         if json_schema is not None:
             body["json_schema"] = json_schema
+        if slot is not None:
+            body["id_slot"] = slot
         response, wall = await self._http.post_json(box, COMPLETION_PATH, body, time_limit=time_limit)
         return parse_completion(box, response, wall)
 
@@ -138,10 +170,12 @@ def parse_completion(box: BoxSpec, body: JsonObject, wall_seconds: float) -> Com
     content = body.get("content")
     total = cached + computed
     check_cached_within_prompt(box, COMPLETION_PATH, total, cached)
+    slot = body.get("id_slot")  # the slot that ran it (server-task.cpp result `to_json`)
     return CompletionReport(
         prompt_tokens=total,
         cached_tokens=cached,
         wall_seconds=wall_seconds,
         engine_seconds=engine,
         text=content if isinstance(content, str) else "",
+        slot=slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None,
     )

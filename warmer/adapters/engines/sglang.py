@@ -206,12 +206,20 @@ class SglangEngine(EngineAdapter[str]):
         return prefix.text + suffix
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, rank: int | None = None
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
-        """With `rank`, the request names its data-parallel rank, so the warm and its probe meet the same
-        cache: `data_parallel_rank` (sglang 0.5.23 managers/io_struct.py GenerateReqInput: the deprecated
-        alias of `routed_dp_rank`, still accepted and mapped to it; earlier releases know only this
-        spelling); the DP controller then dispatches to that rank (managers/data_parallel_controller.py:
+        """`slot` is ignored (SGLang has no pinnable slots). With `rank`, the request names its
+        data-parallel rank, so the warm and its probe meet the same cache: `data_parallel_rank` (sglang
+        0.5.23 managers/io_struct.py GenerateReqInput: the deprecated alias of `routed_dp_rank`, still
+        accepted and mapped to it; earlier releases know only this spelling); the DP controller then
+        dispatches to that rank (managers/data_parallel_controller.py:
         `if req.routed_dp_rank is not None`)."""
         prompt = await self._prompt_for(box, prefix, suffix)
         return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, rank=rank)
