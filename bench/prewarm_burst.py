@@ -36,6 +36,7 @@ from warmer.core.errors import NotSupported
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
+    CacheLayout,
     CacheStats,
     CompletionReport,
     EngineKind,
@@ -116,6 +117,9 @@ class TimedEngine:
 
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         return [0] * (len(text) + 1)
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "bench")

@@ -15,6 +15,7 @@ from warmer.core.errors import EngineError, NotSupported
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
+    CacheLayout,
     CacheStats,
     CompletionReport,
     EngineKind,
@@ -162,6 +163,9 @@ class FakeEngine:
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         # BOS + one token per char, a space costs `space_tokens` (the SPM byte vocabulary spends 3).
         return [1] + [0] * (len(text) + text.count(" ") * (self.space_tokens - 1))
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "fake")

@@ -91,9 +91,9 @@ def test_no_rate_after_a_restart_without_counters_or_without_time() -> None:
     low = cache_stats_from_metrics(EngineKind.LLAMACPP, LLAMACPP_METRICS)
     assert uncached_rate_between(high, 0.0, low, 10.0) is None  # counters went down: a new process
     assert uncached_rate_between(low, 5.0, high, 5.0) is None
-    rate_only = cache_stats_from_metrics(EngineKind.SGLANG, SGLANG_METRICS)
-    no_counters = CacheStats(queried_tokens=None, hit_tokens=None, hit_rate=0.77)
-    assert uncached_rate_between(no_counters, 0.0, replace(rate_only, queried_tokens=None), 10.0) is None
+    sglang = cache_stats_from_metrics(EngineKind.SGLANG, SGLANG_METRICS)
+    no_counters = CacheStats(queried_tokens=None, hit_tokens=None)
+    assert uncached_rate_between(no_counters, 0.0, replace(sglang, queried_tokens=None), 10.0) is None
 
 
 def test_ceiling_from_a_recorded_llamacpp_long_prefill() -> None:

@@ -19,6 +19,7 @@ from warmer.core.errors import ConfigError
 from warmer.core.model import (
     ConstrainedRequest,
     EngineKind,
+    MambaStrategy,
     ModelProfile,
     RestartRecipe,
     SampledRequest,
@@ -104,6 +105,8 @@ class ProfileFile(_Table):
     slots: int = Field(default=_PROFILE.slots, ge=1)
     context_length: int = Field(default=_PROFILE.context_length, ge=16)
     block_tokens: int = Field(default=_PROFILE.block_tokens, ge=1)
+    mamba_chunk_size: int = Field(default=_PROFILE.mamba_chunk_size, ge=1)
+    mamba_strategy: MambaStrategy | None = None
     keepalive_seconds: float = Field(default=_PROFILE.keepalive_seconds, gt=0)
     prefill_tokens_per_second: float | None = Field(default=None, gt=0)
     restart: RestartFile = Field(default_factory=RestartFile)
@@ -119,6 +122,8 @@ class ProfileFile(_Table):
             raise ValueError("give chat_template or chat_template_file, not both")
         if self.block_tokens > self.context_length:
             raise ValueError("block_tokens must not exceed context_length")
+        if self.mamba_strategy is not None and not self.running_state:
+            raise ValueError("mamba_strategy applies only to running_state models")
         if self.restart.long_prefill_tokens > self.context_length:
             raise ValueError("restart.long_prefill_tokens must not exceed context_length")
         return self
@@ -172,6 +177,8 @@ def load_profile(path: Path) -> ModelProfile:
         slots=parsed.slots,
         context_length=parsed.context_length,
         block_tokens=parsed.block_tokens,
+        mamba_chunk_size=parsed.mamba_chunk_size,
+        mamba_strategy=parsed.mamba_strategy,
         restart=parsed.restart.to_core(),
         chat_template=chat_template,
         tokenizer_file=tokenizer_file,

@@ -56,6 +56,23 @@ class RestartRecipe:
     long_prefill_headroom: float = 1.25
 
 
+class MambaStrategy(enum.StrEnum):
+    """Where SGLang stores the running state of a hybrid (Mamba) model in its radix tree.
+
+    sglang 0.5.23 (PyPI) `--mamba-radix-cache-strategy` (earlier `--mamba-scheduler-strategy`):
+    `no_buffer` stores a state only at a finished request's end (mem_cache/unified_cache/components/
+    mamba.py `prepare_for_caching_req`: cache_len = token_ids_len; sgl-project/sglang
+    python/sglang/srt/mem_cache/mamba_radix_cache.py @ 00df707e `cache_finished_req` likewise), and a node
+    split by a diverging request keeps no state (`_split_node`: "mamba cache can not be split");
+    `extra_buffer` (and `extra_buffer_lazy`) tracks it at `prefix_len + (extend_len // grid) * grid`
+    (managers/schedule_batch.py `_mamba_radix_cache_v2_req_prepare_for_extend`),
+    grid = lcm(mamba_cache_chunk_size, page_size).
+    """
+
+    NO_BUFFER = "no_buffer"
+    EXTRA_BUFFER = "extra_buffer"
+
+
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
     """Facts about a served model that change how it is warmed (one `models/*.toml`)."""
@@ -63,11 +80,18 @@ class ModelProfile:
     name: str
     engine: EngineKind
     served_model_name: str = ""  # the `model` field sent to the engine; "" = the engine's default
-    running_state: bool = False  # hybrid / Mamba-style models need several warm requests per prefix
-    warm_requests_per_prefix: int = 1
+    running_state: bool = False  # hybrid / Mamba-style: a hit only reaches the last stored state
+    warm_requests_per_prefix: int = 1  # requests one warm costs (the planner's load estimate)
     slots: int = 1
     context_length: int = 4096
-    block_tokens: int = 1  # cache granularity: a hit is counted in whole blocks (vLLM CPU: 128)
+    # Fallback cache granularity, used only when the server does not report its page/block size
+    # (SGLang /server_info page_size, vLLM vllm:cache_config_info{block_size}): see `CacheLayout`.
+    block_tokens: int = 1
+    # The model's own `mamba_chunk_size` (its HF config; SGLang uses FLA_CHUNK_SIZE 64 without one): SGLang's
+    # extra_buffer checkpoints land on multiples of max(this, page_size).
+    mamba_chunk_size: int = 64
+    # The Mamba strategy the boxes are launched with, used only when /server_info does not name one.
+    mamba_strategy: MambaStrategy | None = None
     restart: RestartRecipe = field(default_factory=RestartRecipe)
     chat_template: str | None = None  # jinja2 source, when the engine cannot render for us
     tokenizer_file: str | None = None  # a `tokenizers` JSON file, when the engine cannot tokenize
@@ -76,6 +100,24 @@ class ModelProfile:
     keepalive_seconds: float = 240.0  # touch a warm prefix again this often (just under eviction)
     # Uncached prompt tokens/s one box computes at full load; None = measure it (restart long prefill).
     prefill_tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """How the running server counts a prefix-cache hit, as it reports it (None: it did not say)."""
+
+    page_tokens: int | None = None  # hits come in whole pages/blocks of this many tokens
+    mamba_strategy: MambaStrategy | None = None  # hybrid models on SGLang
+    mamba_chunk_tokens: int | None = None  # the server's own mamba_cache_chunk_size, when it reports one
+    source: str = ""  # where the numbers came from, for outcomes and logs
+    # Data-parallel ranks behind the box's one URL, each with its own cache (SGLang --dp-size)
+    data_parallel_ranks: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("page_tokens", "mamba_chunk_tokens", "data_parallel_ranks"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +233,9 @@ class CompletionReport:
     engine_seconds: float | None = None  # the engine's own prefill+decode time when it reports one
     prompt_seconds: float | None = None  # the engine's own prefill time alone, when it reports it
     text: str = ""
+    # Why `cached_tokens` may not be the whole story (e.g. the engine sent `prompt_tokens_details: null`,
+    # which means 0 cached but also what a server with cache reporting off sends); shown on a miss.
+    cache_note: str | None = None
     slot: int | None = None  # the engine slot that served it, where the engine has slots (llama.cpp)
 
 
@@ -200,7 +245,6 @@ class CacheStats:
 
     queried_tokens: float | None  # prompt tokens looked up in the cache
     hit_tokens: float | None  # of those, tokens served from cache
-    hit_rate: float | None = None  # when the engine reports a rate instead of counters (SGLang)
 
 
 @dataclass(frozen=True, slots=True)

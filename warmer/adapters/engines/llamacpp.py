@@ -44,8 +44,8 @@ from warmer.adapters.engines.base import (
     token_list,
     unsupported_when_rejected,
 )
-from warmer.core.errors import MalformedResponse
-from warmer.core.model import BoxCapacity, BoxSpec, CacheStats, CompletionReport, Prefix
+from warmer.core.errors import NotSupported
+from warmer.core.model import BoxCapacity, BoxSpec, CompletionReport, EngineKind, Prefix
 
 COMPLETION_PATH = "/completion"
 
@@ -55,6 +55,9 @@ _MISSING_ROUTE = (404, 405, 501)
 
 class LlamaCppEngine(EngineAdapter[list[int | str]]):
     """EnginePort for llama.cpp's native server API."""
+
+    engine_kind = EngineKind.LLAMACPP
+    metrics_off_hint = "llama-server /metrics is off (start it with --metrics)"
 
     async def epoch(self, box: BoxSpec) -> str:
         props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
@@ -90,8 +93,17 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         return BoxCapacity(prefixes=slots, pinnable_slots=slots, source="/props total_slots")
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
+        if rank is not None:
+            raise NotSupported(box.id, "llama-server has no data-parallel ranks")
         prompt = await self._prompt_for(box, prefix, suffix)
         return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, slot=slot)
 
@@ -144,17 +156,6 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         with unsupported_when_rejected(box, "this llama-server has no /tokenize", statuses=_MISSING_ROUTE):
             response, _ = await self._http.post_json(box, "/tokenize", {"content": text, "add_special": True})
         return token_list(box, "/tokenize", response.get("tokens"))
-
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        with unsupported_when_rejected(box, "llama-server /metrics is off (start it with --metrics)"):
-            samples = await self._metrics(box)
-        cached = metric_sum(samples, "llamacpp:prompt_tokens_cached_total")
-        computed = metric_sum(samples, "llamacpp:prompt_tokens_total")
-        if cached is None or computed is None:
-            raise MalformedResponse(
-                box.id, "/metrics lacks llamacpp:prompt_tokens_cached_total or llamacpp:prompt_tokens_total"
-            )
-        return CacheStats(queried_tokens=computed + cached, hit_tokens=cached)
 
 
 def _digest(fields: dict[str, object]) -> str:
