@@ -924,6 +924,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--prewarm-wait-ms", type=int, default=3000)
     parser.add_argument("--warm-timeout", type=float, default=300.0, help="bound on warmer's initial warm")
     parser.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep box, router and warmer logs here (default: a temp dir)",
+    )
     args = parser.parse_args(argv)
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in args.policy_list if p not in POLICIES]
@@ -1034,9 +1040,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     binary = ensure_llama_server()
     model = model_path(args.model)
-    with tempfile.TemporaryDirectory(prefix="warmer-fleet-bench-") as tmp:
-        result = asyncio.run(run_bench(args, binary, model, Path(tmp)))
-        path = save(result, args.results_dir)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        result = asyncio.run(run_bench(args, binary, model, args.workdir.resolve()))
+    else:
+        with tempfile.TemporaryDirectory(prefix="warmer-fleet-bench-") as tmp:
+            result = asyncio.run(run_bench(args, binary, model, Path(tmp)))
+    path = save(result, args.results_dir)
     print(result.table)
     print(f"\nresults: {path}")
     return 0
