@@ -477,22 +477,29 @@ class PolicyRun:
     warmer_metrics: str = ""
 
 
-async def scrape_box(client: httpx.AsyncClient, base_url: str) -> tuple[float, float] | None:
-    """(llamacpp:prompt_tokens_total, llamacpp:prompt_tokens_cached_total) from the box's /metrics."""
-    try:
-        text = (await client.get(f"{base_url}/metrics", timeout=5.0)).text
-    except httpx.HTTPError:
-        return None
+PROCESSED_COUNTER = "llamacpp:prompt_tokens_total"  # prompt tokens computed, cached ones excluded
+CACHED_COUNTER = "llamacpp:prompt_tokens_cached_total"  # prompt tokens reused from the cache
+
+
+def prompt_counters(metrics_text: str) -> tuple[float, float] | None:
+    """(processed, cached) prompt-token counters from llama-server's Prometheus text, None if absent.
+    Lines are `llamacpp:<name> <value>` (tools/server/server-task.cpp, `to_metrics`)."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("llamacpp:prompt_tokens_total ") or line.startswith(
-            "llamacpp:prompt_tokens_cached_total "
-        ):
-            name, value = line.split()
-            values[name] = float(value)
+    for line in metrics_text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] in (PROCESSED_COUNTER, CACHED_COUNTER):
+            values[parts[0]] = float(parts[1])
     if len(values) != 2:
         return None
-    return values["llamacpp:prompt_tokens_total"], values["llamacpp:prompt_tokens_cached_total"]
+    return values[PROCESSED_COUNTER], values[CACHED_COUNTER]
+
+
+async def scrape_box(client: httpx.AsyncClient, base_url: str) -> tuple[float, float] | None:
+    """The box's prompt-token counters from its /metrics; None while it is down."""
+    try:
+        return prompt_counters((await client.get(f"{base_url}/metrics", timeout=5.0)).text)
+    except httpx.HTTPError:
+        return None
 
 
 class Observer:
@@ -733,6 +740,7 @@ async def run_policy(
 
             observer = Observer(client, fleet, clock)
             await observer.scrape_all()  # the baseline: anything before traffic is not counted
+            pre_traffic["prefill_tokens"] = sum(s.processed for s in observer.scrapes)
             stop = asyncio.Event()
             background = [asyncio.create_task(observer.scrape_loop(stop))]
             if api:

