@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import shutil
 import signal
 import statistics
@@ -815,7 +814,8 @@ async def calibrate(config: RunConfig, agents: Agents, samples_per_agent: int = 
         cache_ram_mib=SETTINGS[config.setting],
         log_dir=config.workdir / "calibration",
     )
-    rng = random.Random(1234)
+    # Fresh calls drawn like the schedule's (another seed), so their per-call values look the same.
+    spec = ScheduleSpec(calls=4 * (samples_per_agent + 1), seed=config.schedule.seed + 1000)
     cold: list[float] = []
     warm: list[float] = []
     warm_prefix_ratio: list[float] = []
@@ -824,18 +824,7 @@ async def calibrate(config: RunConfig, agents: Agents, samples_per_agent: int = 
         try:
             url = fleet.boxes[0].base_url
             for agent in agents.order:
-                for sample in range(samples_per_agent + 1):
-                    call = CallPlan(
-                        index=-1,
-                        call_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-                        agent=agent,
-                        start_s=0.0,
-                        values={
-                            "customer_name": f"Caller {rng.randrange(10**6)}",
-                            "now": f"{rng.randint(1, 28)} December 2026, 10:{rng.randint(10, 59)}",
-                            "call_id": str(uuid.UUID(int=rng.getrandbits(128), version=4)),
-                        },
-                    )
+                for sample, call in enumerate(make_schedule(spec, [agent])[: samples_per_agent + 1]):
                     result = await stream_completion(
                         client, url, turn_prompt(agents, call, []), config.reply_tokens
                     )

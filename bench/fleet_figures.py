@@ -317,6 +317,12 @@ def markdown_table(figures: Sequence[PolicyFigures]) -> str:
     for label, attr, kind in ROWS:
         lines.append(f"| {label} | " + " | ".join(_fmt(getattr(f, attr), kind) for f in figures) + " |")
     lines.append("| ready answers | " + " | ".join(str(f.ready_answers) for f in figures) + " |")
+    warm_times = [f.extra.get("pre_traffic", {}).get("warm_seconds") for f in figures]
+    lines.append(
+        "| daemon's first warm before traffic | "
+        + " | ".join("–" if w is None else f"{w:.1f} s" for w in warm_times)
+        + " |"
+    )
     lines.append(
         "| calls served / scheduled | " + " | ".join(f"{f.calls_served}/{f.calls}" for f in figures) + " |"
     )

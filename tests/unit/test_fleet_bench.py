@@ -252,6 +252,7 @@ def test_policy_figures_and_table_from_records() -> None:
     calls[1].failures = 2
     scrapes = [Scrape(0.0, "b0", 0, 0.0, 0.0), Scrape(10.0, "b0", 0, 1200.0, 0.0)]
     figures = policy_figures("warmer", "tight", calls, scrapes, 2.5, 0.1, {})
+    figures.extra = {"pre_traffic": {"warm_seconds": 9.25}}
     assert figures.hit90 == pytest.approx(2 / 3)
     assert figures.hit90_after_restart == pytest.approx(1.0)
     assert figures.ttft_p50_s == pytest.approx(0.3)
@@ -268,3 +269,4 @@ def test_policy_figures_and_table_from_records() -> None:
     assert "warmer" in header
     assert "round_robin" in header
     assert "| turn-1 hit90 share (whole run) | 0.67 | 0.67 |" in table
+    assert "| daemon's first warm before traffic | 9.2 s | – |" in table
