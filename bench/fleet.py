@@ -175,10 +175,11 @@ class Streamed:
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, base_url: str, prompt: str, max_tokens: int
+    client: httpx.AsyncClient, base_url: str, prompt: str, max_tokens: int, slot: int | None = None
 ) -> Streamed:
-    """POST /v1/completions with stream=true; TTFT at the first chunk with non-empty text."""
-    body = {
+    """POST /v1/completions with stream=true; TTFT at the first chunk with non-empty text. `slot`: the
+    llama-server slot to run in (`id_slot`), as warmer's pre-call answer names it."""
+    body: dict[str, Any] = {
         "model": ROUTER_MODEL,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -186,6 +187,8 @@ async def stream_completion(
         "stream": True,
         "logit_bias": LOGIT_BIAS,
     }
+    if slot is not None:
+        body["id_slot"] = slot
     started = time.perf_counter()
     ttft: float | None = None
     parts: list[str] = []
@@ -240,6 +243,7 @@ class Target:
     base_url: str
     box_id: str | None
     answer: AskRecord | None = None
+    slot: int | None = None  # warmer's answer: the llama-server slot holding the agent's prefix
 
 
 class Policy:
@@ -319,7 +323,13 @@ class WarmerPolicy(Policy):
                 ask.ready = data.get("ready")
                 ask.waited_ms = data.get("waited_ms")
                 record.asks.append(ask)
-                return Target(str(data["base_url"]).rstrip("/"), ask.box_id, ask)
+                slot = data.get("slot")
+                return Target(
+                    str(data["base_url"]).rstrip("/"),
+                    ask.box_id,
+                    ask,
+                    slot if isinstance(slot, int) else None,
+                )
             record.asks.append(ask)
             record.failures += 1
             if time.monotonic() > deadline:
@@ -598,7 +608,7 @@ async def run_call(
         for attempt in range(MAX_ATTEMPTS_PER_TURN):
             started = clock()
             try:
-                result = await stream_completion(client, target.base_url, prompt, reply_tokens)
+                result = await stream_completion(client, target.base_url, prompt, reply_tokens, target.slot)
             except TurnFailed as exc:
                 record.failures += 1
                 if attempt == MAX_ATTEMPTS_PER_TURN - 1:

@@ -82,7 +82,14 @@ class TimedEngine:
         return f"gen-{self.generation}"
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
         assert prefix.token_ids is not None
         (self.probes if suffix.startswith("\n#probe") else self.warms)[box.id] += 1
