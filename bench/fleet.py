@@ -81,6 +81,10 @@ MODELS_DIR = REPO / "models"
 PROFILE = "tiny-demo"
 POLICIES = ("round_robin", "cache_aware", "precall_prewarm", "warmer", "warmer_nowebhook")
 SETTINGS = {"tight": 0, "roomy": 256}  # --cache-ram MiB per box
+# Prompts a roomy box holds, as its operator would configure it: 256 MiB of host prompt cache keeps ~10
+# prompts of ~3,000 tokens of the testbed model (8 KiB of f16 KV per token; the light model: 1 KiB), so
+# all six agents fit; llama-server reports only its slots. Tight boxes leave it to the engine (2 slots).
+PREFIX_CAPACITY = {"tight": None, "roomy": 6}
 LIGHT_MODEL = {"layers": 2, "width": 128}
 SLOTS = 2
 CTX_PER_SLOT = 4096
@@ -385,14 +389,22 @@ def start_router(policy: str, worker_urls: Sequence[str], log: Path) -> tuple[Pr
 
 
 def warmer_config(
-    workdir: Path, agents_dir: Path, boxes: Sequence[tuple[str, str]], port: int, webhook: bool
+    workdir: Path,
+    agents_dir: Path,
+    boxes: Sequence[tuple[str, str]],
+    port: int,
+    webhook: bool,
+    prefix_capacity: int | None = None,
 ) -> Path:
     """A warmer.toml for the boxes: embedded SQLite in `workdir`, loopback API without tokens, the
-    generated agents, the tiny-demo profile; the webhook secret only when the policy uses the webhook."""
+    generated agents, the tiny-demo profile; the webhook secret only when the policy uses the webhook.
+    `prefix_capacity`: what an operator configures for a box with a host prompt cache (`--cache-ram`),
+    whose size llama-server does not report (warmer then reads one prompt per slot)."""
     api_extra = f'webhook_secret = "{WEBHOOK_SECRET}"\n' if webhook else ""
+    capacity = "" if prefix_capacity is None else f"prefix_capacity = {prefix_capacity}\n"
     box_tables = "\n".join(
         f'[[fleet.boxes]]\nid = "{box_id}"\nbase_url = "{url}"\nengine = "llamacpp"\n'
-        f'model = "{PROFILE}"\nslots = {SLOTS}\n'
+        f'model = "{PROFILE}"\nslots = {SLOTS}\n{capacity}'
         for box_id, url in boxes
     )
     config = workdir / "warmer.toml"
@@ -732,7 +744,9 @@ async def run_policy(
             else:
                 port = free_loopback_port()
                 webhook = policy_name == "warmer"
-                cfg = warmer_config(workdir, agents.directory, boxes, port, webhook)
+                cfg = warmer_config(
+                    workdir, agents.directory, boxes, port, webhook, PREFIX_CAPACITY[config.setting]
+                )
                 daemon = start_warmer(cfg, workdir / "warmer.log")
                 processes.append(daemon)
                 api = f"http://127.0.0.1:{port}"

@@ -210,6 +210,7 @@ class Reconciler:
         # a warm reserves a slot no other kept prefix of the box holds, and every later request of
         # warmer's for that prefix (keepalive, probe) and every pinned call runs there
         self._pins: dict[WarmKey, int] = {}
+        self._served: set[str] = set()  # boxes that were ready at least once under this daemon
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -405,13 +406,19 @@ class Reconciler:
         self._capacity[box.id] = capacity
 
     def _eligible_boxes(self) -> frozenset[str]:
-        """Boxes placement may give agents to: up, and not being drained for a rollout. A box that goes
-        down hands its agents to the rest of the fleet at once (warmed there before traffic moves); they
-        come back when it is up again, since rendezvous ranks are fixed."""
+        """Boxes placement may give agents to: up, not being drained for a rollout, and not in the restart
+        warm-up of a new process after having served (a restart is over in a second on some engines, far
+        sooner than its warm-up). Such a box hands its agents to the rest of the fleet at once, warmed there
+        before traffic moves; they come back once it is warmed up, since rendezvous ranks are fixed. Boxes
+        on their first warm-up under this daemon stay eligible, so a fleet starting together is placed once,
+        not reshuffled box by box as each finishes."""
         return frozenset(
             box_id
             for box_id, live in self._live.items()
-            if live.healthy and live.epoch is not None and box_id not in self._drained
+            if live.healthy
+            and live.epoch is not None
+            and box_id not in self._drained
+            and (live.warmup is WarmupStatus.DONE or box_id not in self._served)
         )
 
     def _placement_boxes(self) -> list[BoxSpec]:
@@ -864,6 +871,7 @@ class Reconciler:
                 resumed=live.resumed,
             )
             live.ready_report = report
+            self._served.add(box_id)
             if live.prefixes_started_at is not None:  # None: an earlier daemon finished this epoch's phase
                 await self._store.put_phase(
                     PhaseRecord(
