@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test lint check-services engines bench clean
+.PHONY: venv demo test lint check-services engines bench clean constraints
 
 $(BIN)/warmer: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,15 @@ bench: venv engines
 	$(BIN)/python -m bench.prefill_cold_vs_cached
 	$(BIN)/python -m bench.time_to_ready
 	$(BIN)/python -m bench.prewarm_burst
+
+# Pins every runtime dependency to what a clean install resolves today (README: reproducible installs).
+constraints:
+	rm -rf build/constraints-venv
+	$(PYTHON) -m venv build/constraints-venv
+	build/constraints-venv/bin/pip install --quiet .
+	{ sed -n '/^#/p' constraints.txt; build/constraints-venv/bin/pip freeze --exclude warmer; } > constraints.new
+	mv constraints.new constraints.txt
+	rm -rf build/constraints-venv
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache

@@ -43,7 +43,6 @@ def demo_config(boxes: list[LlamaBox], *, state_dir: Path, port: int) -> str:
         "ramp_seconds = 30.0",
         "",
         "[fleet]",
-        f"models_dir = {json.dumps(str(REPO / 'models'))}",
         f"agents_dir = {json.dumps(str(REPO / 'config' / 'agents'))}",
         "",
     ]

@@ -447,7 +447,7 @@ class BoxSettings(_Section):
     )
     engine: EngineKind = Field(description="Engine dialect: sglang, vllm, llamacpp or openai.")
     model: str = Field(
-        min_length=1, description="Name of a model profile (a file `<models_dir>/<name>.toml`)."
+        min_length=1, description="Name of a model profile (shipped, or a file `<models_dir>/<name>.toml`)."
     )
     slots: int | None = Field(
         default=None,
@@ -493,9 +493,13 @@ class GatewaySettings(_Section):
 
 
 class FleetSettings(_Section):
-    models_dir: Path = Field(
-        default=Path("models"),
-        description="Profile directory (`<name>.toml` files); relative to the config file if set there.",
+    models_dir: Path | None = Field(
+        default=None,
+        description=(
+            "An extra model profile directory (`<name>.toml` files) on top of the profiles shipped with "
+            "warmer; a file here replaces the shipped profile of the same name. Unset = the shipped set "
+            "only. Relative to the config file if set there."
+        ),
     )
     agents_dir: Path | None = Field(
         default=None,
