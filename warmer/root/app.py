@@ -266,6 +266,8 @@ class Daemon:
     async def _check_readiness(self) -> Readiness:
         if not self.started or self._store is None:
             return Readiness(False, "starting")
+        if self.supervisor.stop_reason is not None:  # draining: traffic should leave before the API does
+            return Readiness(False, f"stopping ({self.supervisor.stop_reason})")
         try:
             await asyncio.wait_for(self._store.ping(), READINESS_DB_TIMEOUT_SECONDS)
         except TimeoutError:
@@ -341,6 +343,7 @@ class Daemon:
             code = await self.supervisor.run(handle_signals=handle_signals)
         finally:
             self.metrics.up.set(0)
+            self.metrics.ready.set(0)
             store, self._store = self._store, None
             await store.close()
             await self.http.aclose()

@@ -6,11 +6,17 @@ what this daemon registered. Features add their counters and gauges as attribute
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 import warmer
+
+# `*_created` series (one per counter/histogram child) double the series count and no dashboard or alert
+# of ours reads them. The switch is process-wide in prometheus_client, as is this module.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 
 class Metrics:
@@ -25,7 +31,10 @@ class Metrics:
         self.build_info.info({"version": warmer.__version__})
         self.up = Gauge("warmer_up", "1 while the daemon is started and serving.", registry=self.registry)
         self.ready = Gauge(
-            "warmer_ready", "1 when the daemon is started and its database reachable.", registry=self.registry
+            "warmer_ready",
+            "1 while the daemon is started, not stopping, and its database answered the last check "
+            "(made on every /readyz and every /metrics scrape).",
+            registry=self.registry,
         )
         self.root_task_failures = Counter(
             "warmer_root_task_failures",
@@ -64,6 +73,22 @@ class ReconcileMetrics:
             registry=registry,
         )
         self.boxes_ready = Gauge("warmer_boxes_ready", "Boxes ready for traffic now.", registry=registry)
+        self.box_ready_state = Gauge(
+            "warmer_box_ready",
+            "1 while the box is ready for traffic (restart warm-up done, its agents' prefixes warm in its "
+            "current epoch), else 0; one series per fleet box.",
+            ["box"],
+            registry=registry,
+        )
+        self.box_agent_warm = Gauge(
+            "warmer_box_agent_warm",
+            "1 while the agent's current prefix is verified warm on the box in its current epoch, else 0; "
+            "one series per box the agent is assigned or routed to.",
+            ["box", "agent"],
+            registry=registry,
+        )
+        self._ready_labels: set[str] = set()
+        self._warm_labels: set[tuple[str, str]] = set()
         self.prefixes_warm = Gauge(
             "warmer_prefixes_warm",
             "(box, prefix) pairs verified warm in the boxes' current epochs.",
@@ -110,6 +135,18 @@ class ReconcileMetrics:
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         self.boxes_ready.set(boxes_ready)
         self.prefixes_warm.set(prefixes_warm)
+
+    def box_states(self, ready: Mapping[str, bool], agent_warm: Mapping[tuple[str, str], bool]) -> None:
+        for box_id in self._ready_labels - set(ready):  # left the fleet: no series stuck at its last value
+            self.box_ready_state.remove(box_id)
+        for box_id, agent_id in self._warm_labels - set(agent_warm):
+            self.box_agent_warm.remove(box_id, agent_id)
+        for box_id, is_ready in ready.items():
+            self.box_ready_state.labels(box=box_id).set(1 if is_ready else 0)
+        for (box_id, agent_id), is_warm in agent_warm.items():
+            self.box_agent_warm.labels(box=box_id, agent=agent_id).set(1 if is_warm else 0)
+        self._ready_labels = set(ready)
+        self._warm_labels = set(agent_warm)
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         self.tokenizer_drift_ratio.labels(agent=agent_id, model=model).set(change)

@@ -54,6 +54,11 @@ class ReconcileObserver(Protocol):
 
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None: ...
 
+    def box_states(self, ready: Mapping[str, bool], agent_warm: Mapping[tuple[str, str], bool]) -> None:
+        """Every fleet box's readiness and every wanted (box, agent) warmth, after each pass: the full
+        set, so a box or agent that left the fleet disappears from the report."""
+        ...
+
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         """The agent's prefix text now tokenizes to `change` (relative, e.g. +0.08) more tokens than
         under the previous engine version."""
@@ -73,6 +78,9 @@ class NullObserver:
         return None
 
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
+        return None
+
+    def box_states(self, ready: Mapping[str, bool], agent_warm: Mapping[tuple[str, str], bool]) -> None:
         return None
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:

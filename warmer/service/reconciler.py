@@ -58,6 +58,7 @@ from warmer.core.planner import (
     WarmKey,
     WarmPrefix,
     WarmupStatus,
+    agent_warmth,
     box_ready,
     plan,
     refill,
@@ -749,9 +750,11 @@ class Reconciler:
         now = self._clock.now()
         observed = self._observed(for_routes=True)
         ready_boxes = 0
+        ready_by_box: dict[str, bool] = {}
         for box_id, live in self._live.items():
             readiness = box_ready(box_id, desired, observed, now, self._config.planner)
             ready_boxes += readiness.ready
+            ready_by_box[box_id] = readiness.ready
             if not readiness.ready or live.ready_report is not None or live.epoch is None:
                 continue
             since_mono = (
@@ -811,6 +814,7 @@ class Reconciler:
             )
         warm = sum(1 for r in observed.warm.values() if is_serving(r))
         self._observer.fleet_state(ready_boxes, warm)
+        self._observer.box_states(ready_by_box, agent_warmth(desired, observed))
 
     # ------------------------------------------------------------------------------------------- views
 
