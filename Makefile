@@ -7,8 +7,9 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: venv demo test lint check-services engines bench clean constraints
+.PHONY: venv demo test lint check-services engines bench clean constraints image
 
 $(BIN)/warmer: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +30,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/hadolint Containerfile
 
 check-services:
 	@scripts/ensure-services
@@ -41,6 +43,11 @@ bench: venv engines
 	$(BIN)/python -m bench.prefill_cold_vs_cached
 	$(BIN)/python -m bench.time_to_ready
 	$(BIN)/python -m bench.prewarm_burst
+
+# The container image the Kubernetes manifests run (needs docker or podman: DOCKER=podman).
+DOCKER ?= docker
+image:
+	$(DOCKER) build -f Containerfile -t warmer:$(VERSION) .
 
 # Pins every runtime dependency to what a clean install resolves today (README: reproducible installs).
 constraints:
