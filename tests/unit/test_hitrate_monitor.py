@@ -55,6 +55,7 @@ class Recorder:
         self.ratios: list[tuple[str, float]] = []
         self.alerts: list[tuple[str, bool]] = []
         self.scrapes: list[tuple[str, str]] = []
+        self.windows: list[tuple[str, float, float]] = []
         self.suspects: list[tuple[str, bool]] = []
 
     def hit_ratio(self, box_id: str, ratio: float) -> None:
@@ -65,6 +66,9 @@ class Recorder:
 
     def scrape_finished(self, box_id: str, outcome: str) -> None:
         self.scrapes.append((box_id, outcome))
+
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
+        self.windows.append((box_id, queried_tokens, hit_tokens))
 
     def set_suspect(self, box_id: str, suspect: bool) -> None:
         self.suspects.append((box_id, suspect))
@@ -237,3 +241,16 @@ def test_config_rejects_nonsense() -> None:
         HitRateConfig(threshold=1.5)
     with pytest.raises(ValueError, match="poll_seconds"):
         HitRateConfig(poll_seconds=0)
+
+
+async def test_every_window_of_one_process_reports_its_tokens_even_when_too_small_to_judge() -> None:
+    engine, recorder = CountingEngine(), Recorder()
+    monitor = make(engine, recorder, boxes=[A])
+    await monitor.scrape_once()  # baseline: no window yet
+    engine.serve("a", 200, 150)  # under min_tokens_per_window: not judged, still counted
+    await monitor.scrape_once()
+    engine.restart("a")  # counters went down: a new baseline, no window
+    await monitor.scrape_once()
+    engine.serve("a", 5000, 4000)
+    await monitor.scrape_once()
+    assert recorder.windows == [("a", 200, 150), ("a", 5000, 4000)]

@@ -441,6 +441,9 @@ def test_per_box_ready_and_per_agent_warm_gauges_follow_the_loop(store_url: str)
         for box_id in ("b1", "b2"):
             assert gauge("warmer_box_ready", box=box_id) == 1
             assert gauge("warmer_box_agent_warm", box=box_id, agent="sales") == 1
+            sent = gauge("warmer_warm_prompt_tokens_total", box=box_id)
+            assert sent is not None
+            assert sent >= len(w.engine.warms(box_id)) > 0
 
         w.engine.restart("b1")
         await w.reconciler.tick()

@@ -58,6 +58,13 @@ class ReconcileMetrics:
             ["kind", "reason", "outcome"],
             registry=registry,
         )
+        self.warm_prompt_tokens = Counter(
+            "warmer_warm_prompt_tokens",
+            "Prompt tokens the daemon itself sent in warm and probe requests (prefix tokens x requests), "
+            "per box: its own load on the engines, to set against the calls' prefill.",
+            ["box"],
+            registry=registry,
+        )
         self.verify_seconds = Histogram(
             "warmer_warm_verify_seconds",
             "Wall seconds of one warm-and-verify or probe, engine round trips included.",
@@ -124,6 +131,9 @@ class ReconcileMetrics:
     def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
         self.warm_requests.labels(kind=kind, reason=reason, outcome=outcome).inc()
         self.verify_seconds.labels(kind=kind).observe(seconds)
+
+    def warm_tokens(self, box_id: str, tokens: int) -> None:
+        self.warm_prompt_tokens.labels(box=box_id).inc(max(0, tokens))
 
     def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None:
         self.phase_seconds.labels(phase=phase, ok=str(ok).lower()).observe(seconds)
@@ -211,6 +221,14 @@ class HitRateMetrics:
             ["box"],
             registry=registry,
         )
+        self.prompt_tokens = Counter(
+            "warmer_engine_prompt_tokens",
+            "Prompt tokens each box's engine reported between scrapes of its own counters, by whether they "
+            "came from the prefix cache (cached=true) or were prefilled (cached=false); calls and the "
+            "daemon's own warms alike.",
+            ["box", "cached"],
+            registry=registry,
+        )
         self.scrapes = Counter(
             "warmer_cache_scrapes",
             "Scrapes of engine cache counters, by outcome (ok, failed, unsupported).",
@@ -223,6 +241,11 @@ class HitRateMetrics:
 
     def alert(self, box_id: str, below_threshold: bool) -> None:
         self.below.labels(box=box_id).set(1 if below_threshold else 0)
+
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
+        hit = min(max(0.0, hit_tokens), max(0.0, queried_tokens))
+        self.prompt_tokens.labels(box=box_id, cached="true").inc(hit)
+        self.prompt_tokens.labels(box=box_id, cached="false").inc(max(0.0, queried_tokens) - hit)
 
     def scrape_finished(self, box_id: str, outcome: str) -> None:
         self.scrapes.labels(outcome=outcome).inc()

@@ -55,6 +55,11 @@ class HitRateObserver(Protocol):
 
     def alert(self, box_id: str, below_threshold: bool) -> None: ...
 
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
+        """Prompt tokens the engine reported between two scrapes of one process (every window, judged
+        or not), and how many of them came from its prefix cache."""
+        ...
+
     def scrape_finished(self, box_id: str, outcome: str) -> None:
         """`outcome`: ok, failed, unsupported."""
         ...
@@ -65,6 +70,9 @@ class NullHitRateObserver:
         return None
 
     def alert(self, box_id: str, below_threshold: bool) -> None:
+        return None
+
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
         return None
 
     def scrape_finished(self, box_id: str, outcome: str) -> None:
@@ -179,6 +187,8 @@ class HitRateMonitor:
             if state.alerting:
                 self._set_alert(box, state, False, None, None, why="engine restarted")
             return BoxHitRate(box.id, HitRateStatus.NO_DATA, None, None, False, counters_reset=True)
+        if window.queried_tokens is not None and window.hit_tokens is not None:
+            self._observer.window_tokens(box.id, window.queried_tokens, window.hit_tokens)
         check = check_hit_rate(
             window, threshold=self._config.threshold, min_queried_tokens=self._config.min_tokens_per_window
         )

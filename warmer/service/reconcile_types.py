@@ -48,6 +48,10 @@ class ReconcileObserver(Protocol):
         """`kind` is warm or probe; `outcome` verified, failed or cold."""
         ...
 
+    def warm_tokens(self, box_id: str, tokens: int) -> None:
+        """Prompt tokens the daemon itself sent to the box in one warm or probe (prefix x requests)."""
+        ...
+
     def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None: ...
 
     def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None: ...
@@ -69,6 +73,9 @@ class NullObserver:
     """Reports nowhere (unit tests, one-off tools)."""
 
     def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
+        return None
+
+    def warm_tokens(self, box_id: str, tokens: int) -> None:
         return None
 
     def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None:

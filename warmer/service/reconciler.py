@@ -735,6 +735,7 @@ class Reconciler:
         self._records[key] = updated
         verdict = "verified" if outcome.verified else ("cold" if kind == "probe" else "failed")
         self._observer.warm_finished(box_id, kind, reason, verdict, outcome.wall_seconds)
+        self._observer.warm_tokens(box_id, outcome.prefix_tokens * outcome.requests_sent)
         if not outcome.verified:
             self._log.warning(f"{kind} not verified", box=box_id, prefix=key[2], reason=outcome.reason)
         return updated
