@@ -350,7 +350,15 @@ class LoggingSettings(_Section):
         ),
     )
 
-    @field_validator("level", mode="before")
+    libraries: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING",
+        description=(
+            "Lowest level written by httpx/httpcore and APScheduler, which log a line per engine request "
+            "and per timer tick at INFO. WARNING keeps their failures; the daemon logs state changes itself."
+        ),
+    )
+
+    @field_validator("level", "libraries", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value

@@ -160,6 +160,10 @@ class HitRateMonitor:
         return {result.box_id: result for result in results}
 
     async def _scrape_box(self, box: BoxSpec) -> BoxHitRate:
+        with structlog.contextvars.bound_contextvars(box=box.id):
+            return await self._scrape_and_judge(box)
+
+    async def _scrape_and_judge(self, box: BoxSpec) -> BoxHitRate:
         state = self._state.setdefault(box.id, _BoxState())
         try:
             stats = await self._engine.cache_stats(box)

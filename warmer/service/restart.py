@@ -20,6 +20,8 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+import structlog
+
 from warmer.core.errors import EngineError, NotSupported
 from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName, PhaseRecord, RestartRecipe
 from warmer.ports import Clock, EnginePort, StorePort
@@ -100,6 +102,12 @@ class RestartWarmup:
         self._nonce = nonce
 
     async def run(self, box: BoxSpec, profile: ModelProfile, epoch: str) -> RestartOutcome:
+        """The profile's restart recipe on `box`; every line logged meanwhile (engine adapters, httpx) is
+        tagged with the box and epoch through structlog's contextvars, bursts included."""
+        with structlog.contextvars.bound_contextvars(box=box.id, epoch=epoch):
+            return await self._run(box, profile, epoch)
+
+    async def _run(self, box: BoxSpec, profile: ModelProfile, epoch: str) -> RestartOutcome:
         recipe = profile.restart
         started = self._clock.monotonic()
         phases: list[PhaseRecord] = []

@@ -12,6 +12,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from warmer.core.errors import EngineError
 from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, Prefix
 from warmer.core.warmstate import is_verified
@@ -76,7 +78,12 @@ class WarmExecutor:
         return f"\n#warm {round_no}.{index} {self._nonce()}"
 
     async def warm_and_verify(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
-        """Warm `prefix` on `box` and probe until the engine reports the hit (bounded)."""
+        """Warm `prefix` on `box` and probe until the engine reports the hit (bounded). Lines logged
+        meanwhile carry the box and prefix (structlog contextvars)."""
+        with structlog.contextvars.bound_contextvars(box=box.id, prefix=prefix.hash):
+            return await self._warm_and_verify(box, profile, prefix)
+
+    async def _warm_and_verify(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
         run = _Run(box, profile, prefix, started=self._clock.monotonic())
         rounds = self._max_rounds if profile.running_state else 1
         try:
@@ -99,6 +106,10 @@ class WarmExecutor:
 
     async def probe(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
         """One probe: is the prefix still cached? (It also touches it, like any request would.)"""
+        with structlog.contextvars.bound_contextvars(box=box.id, prefix=prefix.hash):
+            return await self._probe(box, profile, prefix)
+
+    async def _probe(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
         run = _Run(box, profile, prefix, started=self._clock.monotonic())
         run.rounds = 1
         try:
