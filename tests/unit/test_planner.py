@@ -317,7 +317,7 @@ def test_box_ready_needs_warmup_and_every_assigned_prefix() -> None:
     half = Observed(boxes={"b1": up(finished=10.0)}, warm=records(warm("b1", "a", 20.0)))
     readiness = box_ready("b1", want, half, 30.0, cfg)
     assert not readiness.ready
-    assert readiness.reasons == ("prefix p-b cold",)
+    assert readiness.reasons == ("agent b: prefix p-b cold",)
     full = Observed(
         boxes={"b1": up(finished=10.0)}, warm=records(warm("b1", "a", 20.0), warm("b1", "b", 25.0))
     )

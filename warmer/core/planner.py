@@ -484,7 +484,8 @@ def box_ready(
         record = observed.warm.get((box_id, seen.epoch, prefix_hash))
         if record is None or not is_serving(record):
             state = record.state.value if record is not None else WarmState.COLD.value
-            reasons.append(f"prefix {prefix_hash} {state}")
+            agents = ", ".join(sorted(wants[prefix_hash].agent_ids))
+            reasons.append(f"agent {agents}: prefix {prefix_hash} {state}")
         elif record.warmed_at is not None:
             since = max(since, record.warmed_at)
     if reasons:
