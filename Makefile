@@ -11,18 +11,26 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
 .PHONY: venv demo test lint check-services engines bench clean constraints image
 
-$(BIN)/warmer: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# Two install stamps: the demo needs only warmer and the model generator (the `demo` extra); lint and
+# the tests need the `dev` extra (which includes it).
+$(VENV)/.installed-dev: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $(BIN)/warmer
+	@touch $@
 
-venv: $(BIN)/warmer
+$(VENV)/.installed-demo: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[demo]'
+	@touch $@
+
+venv: $(VENV)/.installed-dev
 
 engines: venv
 	$(BIN)/python -m testbed build --all
 
-demo: venv
+demo: $(VENV)/.installed-demo
 	$(BIN)/python -m testbed demo
 
 lint: venv
