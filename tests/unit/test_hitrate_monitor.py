@@ -154,15 +154,31 @@ async def test_an_idle_box_never_alerts() -> None:
     assert recorder.ratios == []
 
 
-async def test_idle_window_keeps_an_alert_and_a_restart_clears_it_without_judging_warmup() -> None:
+async def test_an_idle_window_clears_an_alert() -> None:
+    engine, recorder = CountingEngine(), Recorder()
+    monitor = make(engine, recorder)
+    await monitor.scrape_once()
+    engine.serve("a", 10000, 1000)
+    await monitor.scrape_once()
+    assert monitor.alerting() == {"a"}
+    with capture_logs() as logs:
+        engine.serve("a", 300, 0)  # the calls stopped: a few probes, too little to judge
+        assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+    assert monitor.alerting() == set()
+    assert recorder.alerts == [("a", True), ("a", False)]
+    assert ("a", False) in recorder.suspects
+    assert [e["reason"] for e in logs if e["event"] == EVENT_RECOVERED] == [
+        "idle: too little traffic to judge"
+    ]
+
+
+async def test_a_restart_clears_an_alert_without_judging_warmup() -> None:
     engine, recorder = CountingEngine(), Recorder()
     monitor = make(engine, recorder)
     engine.serve("a", 50000, 45000)
     await monitor.scrape_once()
     engine.serve("a", 10000, 1000)
     await monitor.scrape_once()
-    assert monitor.alerting() == {"a"}
-    await monitor.scrape_once()  # no traffic at all: no evidence either way
     assert monitor.alerting() == {"a"}
 
     engine.restart("a")

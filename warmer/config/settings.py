@@ -388,7 +388,8 @@ class HitRateSettings(_Section):
         ge=0,
         description=(
             "Prompt tokens a box must have looked up between two scrapes before its ratio is judged, so an "
-            "idle box with a few health checks or probes never alerts (about five calls' worth of prefix)."
+            "idle box with a few health checks or probes never alerts, and an alert clears once the box "
+            "goes idle (about five calls' worth of prefix)."
         ),
     )
 

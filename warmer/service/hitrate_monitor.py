@@ -6,7 +6,8 @@ several times the prefill work. So every `poll_seconds` each box's cumulative ca
 (`warmer.core.hitrate`):
 
 * fewer than `min_tokens_per_window` prompt tokens in the window: no judgement (an idle box with a few
-  health checks or probes must not alert), the alert state stays as it was;
+  health checks or probes must not alert), and an alert still raised is cleared: a box that serves no
+  calls wastes no prefill, and a stale alert on it would only page someone for nothing;
 * counters went down (the engine restarted): the window is only a new baseline. The traffic since a
   restart is dominated by the restart warm-up, which is cold by design; the alert of the old process is
   cleared (the reconciler re-warms the new one and keeps it out of routes until verified);
@@ -201,6 +202,10 @@ class HitRateMonitor:
             below = check.status is HitRateStatus.BELOW_THRESHOLD
             if below != state.alerting:
                 self._set_alert(box, state, below, check.hit_rate, window.queried_tokens, why="window judged")
+        elif state.alerting:
+            self._set_alert(
+                box, state, False, None, window.queried_tokens, why="idle: too little traffic to judge"
+            )
         return BoxHitRate(box.id, check.status, window.hit_rate, window.queried_tokens, state.alerting)
 
     def _set_alert(
