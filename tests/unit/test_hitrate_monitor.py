@@ -270,3 +270,29 @@ async def test_every_window_of_one_process_reports_its_tokens_even_when_too_smal
     engine.serve("a", 5000, 4000)
     await monitor.scrape_once()
     assert recorder.windows == [("a", 200, 150), ("a", 5000, 4000)]
+
+
+async def test_windows_while_warmer_warms_the_box_are_not_judged() -> None:
+    """A restart warm-up or a first prefix warm is cold by design: only windows with the box ready for
+    traffic at both ends say something about the calls."""
+    engine, recorder = CountingEngine(), Recorder()
+    ready: set[str] = set()
+    monitor = HitRateMonitor(
+        engine=engine,  # type: ignore[arg-type]  # only cache_stats is used
+        fleet=lambda: [A],
+        clock=FakeClock(),
+        config=HitRateConfig(poll_seconds=60, threshold=0.9, min_tokens_per_window=1000),
+        observer=recorder,
+        ready_boxes=lambda: ready,
+    )
+    await monitor.scrape_once()
+    engine.serve("a", 20000, 500)  # warm-up: long prefill, bursts, first warms
+    assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+    ready.add("a")
+    engine.serve("a", 5000, 0)  # became ready during this window: still warmer's traffic in it
+    assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+    assert recorder.alerts == []
+    engine.serve("a", 10000, 6000)  # ready at both ends: the calls' own hit rate, judged
+    assert (await monitor.scrape_once())["a"].status is HitRateStatus.BELOW_THRESHOLD
+    assert recorder.alerts == [("a", True)]
+    assert [w[1] for w in recorder.windows] == [20000, 5000, 10000]  # counted all along

@@ -233,6 +233,7 @@ class Daemon:
             config=hitrate_config(self.settings),
             observer=self.metrics.hitrate,
             suspects=ReconcilerSuspects(lambda: self.reconciler),
+            ready_boxes=lambda: self.reconciler.ready_box_ids() if self.reconciler is not None else None,
         )
         await monitor.run(stopping)
 

@@ -15,6 +15,10 @@ several times the prefill work. So every `poll_seconds` each box's cumulative ca
   pass), the alert gauge goes to 1, and the box is reported as suspect, so the reconciler probes its warm
   prefixes (an eviction shows up there as a cold probe and a re-warm); back at or above: cleared, logged.
 
+* the box was not ready for traffic at either end of the window (given `ready_boxes`): no judgement and
+  the alert state stays as it was. Such a window holds warmer's own traffic, a restart warm-up (cold by
+  design) or the first warm of a prefix (one cold prefill each), which says nothing about the calls.
+
 A scrape failure is logged once per streak and counted; it never ends the daemon.
 """
 
@@ -117,6 +121,7 @@ class _BoxState:
     alerting: bool = False
     failing: bool = False
     unsupported: bool = False
+    ready_at_baseline: bool = True
 
 
 class HitRateMonitor:
@@ -131,13 +136,17 @@ class HitRateMonitor:
         config: HitRateConfig | None = None,
         observer: HitRateObserver | None = None,
         suspects: SuspectSink | None = None,
+        ready_boxes: Callable[[], set[str] | None] | None = None,
     ) -> None:
+        """`ready_boxes`: the boxes ready for traffic now (None: not known yet); windows of a box that was
+        not ready at either end are not judged. Without it every window is judged."""
         self._engine = engine
         self._fleet = fleet  # read every pass: boxes may be added or removed while the daemon runs
         self._clock = clock
         self._config = config or HitRateConfig()
         self._observer: HitRateObserver = observer or NullHitRateObserver()
         self._suspects = suspects
+        self._ready_boxes = ready_boxes
         self._state: dict[str, _BoxState] = {}
         self._log = structlog.stdlib.get_logger(__name__)
 
@@ -185,6 +194,7 @@ class HitRateMonitor:
         self._observer.scrape_finished(box.id, "ok")
         state.failing = state.unsupported = False
         baseline, state.baseline = state.baseline, stats
+        ready_before, state.ready_at_baseline = state.ready_at_baseline, self._is_ready(box.id)
         if baseline is None:
             return BoxHitRate(box.id, HitRateStatus.NO_DATA, None, None, state.alerting)
         window = hit_rate_between(baseline, stats)
@@ -194,6 +204,10 @@ class HitRateMonitor:
             return BoxHitRate(box.id, HitRateStatus.NO_DATA, None, None, False, counters_reset=True)
         if window.queried_tokens is not None and window.hit_tokens is not None:
             self._observer.window_tokens(box.id, window.queried_tokens, window.hit_tokens)
+        if not (ready_before and state.ready_at_baseline):  # warmer's own warm-up traffic: not the calls'
+            return BoxHitRate(
+                box.id, HitRateStatus.NO_DATA, window.hit_rate, window.queried_tokens, state.alerting
+            )
         check = check_hit_rate(
             window, threshold=self._config.threshold, min_queried_tokens=self._config.min_tokens_per_window
         )
@@ -207,6 +221,12 @@ class HitRateMonitor:
                 box, state, False, None, window.queried_tokens, why="idle: too little traffic to judge"
             )
         return BoxHitRate(box.id, check.status, window.hit_rate, window.queried_tokens, state.alerting)
+
+    def _is_ready(self, box_id: str) -> bool:
+        if self._ready_boxes is None:
+            return True
+        ready = self._ready_boxes()
+        return ready is not None and box_id in ready
 
     def _set_alert(
         self,
