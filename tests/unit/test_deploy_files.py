@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 KUBERNETES = REPO / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"
 POSTGRESQL = KUBERNETES / "overlays" / "postgresql"
+DISCOVERY = KUBERNETES / "overlays" / "discovery"
 SYSTEMD = REPO / "deploy" / "systemd"
 CONTAINERFILE = REPO / "Containerfile"
 # The Kubernetes release the manifests are validated against (kubernetes-validate ships its schemas).
@@ -64,9 +65,9 @@ def _secret_example(directory: Path) -> dict[str, Any]:
     return dict(secret)
 
 
-@pytest.fixture(params=[BASE, POSTGRESQL], ids=["base", "postgresql"])
+@pytest.fixture(params=[BASE, POSTGRESQL, DISCOVERY], ids=["base", "postgresql", "discovery"])
 def variant(request: pytest.FixtureRequest) -> Path:
-    """Each kustomization in turn: the single-replica base and the PostgreSQL overlay."""
+    """Each kustomization in turn: the single-replica base, the PostgreSQL and the discovery overlays."""
     return Path(request.param)
 
 
@@ -367,6 +368,51 @@ def test_network_policy_admits_the_api_and_reaches_the_boxes(
         assert egress_allows(namespace, int(port)), f"{box.id} at {box.base_url} is unreachable"
     if not pod_loaded.settings.database.is_embedded:
         assert egress_allows("database", 5432), "PostgreSQL"
+
+
+def test_discovery_overlay_may_list_the_engine_pods_it_is_configured_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = render(DISCOVERY)
+    base_config = _one("ConfigMap", render(BASE))["data"]["warmer.toml"]
+    overlay_config = _one("ConfigMap", manifests)["data"]["warmer.toml"]
+    assert overlay_config.startswith(base_config.rstrip("\n")), (
+        "the overlay repeats the base config, then adds"
+    )
+    for name, value in _container_env(_container(manifests), _secret_example(DISCOVERY)).items():
+        monkeypatch.setenv(name, value)
+    loaded = load_config(_materialize_pod_files(manifests, tmp_path))
+    discovery = loaded.settings.fleet.discovery
+    assert discovery is not None
+    pod = _one("Deployment", manifests)["spec"]["template"]["spec"]
+    account = _one("ServiceAccount", manifests)
+    assert pod["automountServiceAccountToken"] is True
+    assert account["automountServiceAccountToken"] is True
+    assert discovery.token_file == Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    role = _one("Role", manifests)
+    binding = _one("RoleBinding", manifests)
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == discovery.namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert [s["name"] for s in binding["subjects"] if s["kind"] == "ServiceAccount"] == [
+        account["metadata"]["name"]
+    ]
+    assert any(
+        "" in rule["apiGroups"] and "pods" in rule["resources"] and "list" in rule["verbs"]
+        for rule in role["rules"]
+    )
+    api_ports = {
+        port["port"]
+        for policy in manifests
+        if policy["kind"] == "NetworkPolicy"
+        for rule in policy["spec"].get("egress", [])
+        if "to" not in rule
+        for port in rule.get("ports", [])
+    }
+    assert 443 in api_ports
 
 
 # Fields the Prometheus Operator's CRDs define (example/prometheus-operator-crd/

@@ -139,6 +139,22 @@ def load_config(path: Path | None = None, *, agent_loader: AgentLoader | None = 
     except ConfigError as exc:
         problems += exc.problems
     problems += box_problems(boxes, profiles)
+    discovery = settings.fleet.discovery if settings is not None else None
+    if discovery is not None and profiles is not None:
+        profile = profiles.get(discovery.model)
+        if profile is None:
+            known = ", ".join(sorted(profiles))
+            problems.append(
+                ("fleet.discovery.model", f"unknown model profile {discovery.model!r} (known: {known})")
+            )
+        elif profile.engine is not discovery.engine:
+            problems.append(
+                (
+                    "fleet.discovery.engine",
+                    f"engine {discovery.engine.value!r} differs from profile {discovery.model!r} engine "
+                    f"{profile.engine.value!r}",
+                )
+            )
 
     agents: Mapping[str, AgentSpec] = {}
     agents_dir = settings.fleet.agents_dir if settings is not None else None

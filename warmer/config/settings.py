@@ -501,6 +501,46 @@ class GatewaySettings(_Section):
         return _http_url(value, "url")
 
 
+class KubernetesDiscoverySettings(_Section):
+    """`[fleet.discovery]`: engine pods found through the Kubernetes API, next to the configured boxes."""
+
+    namespace: str = Field(min_length=1, description="Namespace of the engine pods.")
+    label_selector: str = Field(
+        min_length=1, description="Label selector of the engine pods, e.g. `app=sglang` (Kubernetes syntax)."
+    )
+    port: int = Field(ge=1, le=65535, description="The engines' HTTP port on each pod.")
+    scheme: Literal["http", "https"] = Field(default="http", description="How the engines are called.")
+    engine: EngineKind = Field(description="Engine dialect of every discovered pod.")
+    model: str = Field(min_length=1, description="Model profile of every discovered pod.")
+    slots: int | None = Field(default=None, ge=1, description="Slots per pod; unset: the profile's.")
+    group: str = Field(default="", description="Placement group of the discovered boxes.")
+    interval_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "Seconds between listings. A new pod is a box within this bound; the reconciler then warms it "
+            "before any route uses it, so a short interval costs one small API call and no traffic."
+        ),
+    )
+    api_url: str = Field(
+        default="https://kubernetes.default.svc",
+        description="The Kubernetes API server; the default is the in-cluster address.",
+    )
+    token_file: Path = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        description="Bearer token file (re-read on every listing: projected tokens rotate).",
+    )
+    ca_file: Path | None = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        description="CA bundle that signs the API server's certificate; unset: the system's trust store.",
+    )
+
+    @field_validator("api_url")
+    @classmethod
+    def _valid_api_url(cls, value: str) -> str:
+        return _http_url(value, "api_url")
+
+
 class FleetSettings(_Section):
     models_dir: Path | None = Field(
         default=None,
@@ -520,6 +560,10 @@ class FleetSettings(_Section):
     gateway: GatewaySettings | None = Field(
         default=None,
         description="Router to register warm boxes with and withdraw cold ones from; unset means none.",
+    )
+    discovery: KubernetesDiscoverySettings | None = Field(
+        default=None,
+        description="Engine pods discovered through the Kubernetes API, besides `boxes`; unset means none.",
     )
 
 

@@ -31,6 +31,7 @@ from warmer.core.model import BoxSpec, ModelProfile
 from warmer.ports import StorePort
 from warmer.root.deploy import build_deploy_service
 from warmer.root.dialer import DialerWiring
+from warmer.root.discovery import run_discovery
 from warmer.root.engines import SystemClock, build_engine_dispatcher
 from warmer.root.frontdoor import (
     CurrentFleet,
@@ -173,7 +174,7 @@ class Daemon:
             on_task_failure=lambda name: metrics.root_task_failures.labels(task=name).inc(),
         )
         self.supervisor.add("api", self._serve_api)
-        if self.boxes:  # nothing to reconcile or time without a fleet
+        if self.boxes or settings.fleet.discovery is not None:  # nothing to reconcile without a fleet
             self.supervisor.add("reconciler", self._run_reconciler)
             self.supervisor.add("scheduler", self._run_scheduler)
             if self.dialer.schedule is not None:
@@ -181,6 +182,8 @@ class Daemon:
             self.supervisor.add("hitrate", self._run_hitrate_monitor)
             if settings.fleet.gateway is not None:
                 self.supervisor.add("gateway-sync", self._run_gateway_sync)
+            if settings.fleet.discovery is not None:
+                self.supervisor.add("discovery", self._run_discovery)
         self.api.add_middleware(RequestMetricsMiddleware, observer=metrics.http)
 
     def _fleet_changed(self, boxes: Sequence[BoxSpec]) -> None:
@@ -208,6 +211,12 @@ class Daemon:
             await self.reconciler.run(stopping)
         finally:
             self.reconciler = None
+
+    async def _run_discovery(self, stopping: asyncio.Event) -> None:
+        """Engine pods from the Kubernetes API join and leave the running fleet."""
+        discovery = self.settings.fleet.discovery
+        assert discovery is not None  # only added when configured
+        await run_discovery(discovery, self.profiles, lambda: self.reconciler, self._fleet_changed, stopping)
 
     async def _run_gateway_sync(self, stopping: asyncio.Event) -> None:
         """Register ready boxes with `[fleet.gateway]`, withdraw the others (a router outage is retried)."""
@@ -354,13 +363,13 @@ class Daemon:
 
 class _DaemonStatus:
     """Status answers while the reconciler runs; 503 (StatusUnavailable) before and after. A daemon
-    without boxes answers with an empty fleet."""
+    without boxes (configured or discovered) answers with an empty fleet."""
 
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
 
     def _service(self) -> StatusQueries | None:
-        if not self._daemon.boxes:
+        if not self._daemon.boxes and self._daemon.settings.fleet.discovery is None:
             return None
         reconciler, store = self._daemon.reconciler, self._daemon._store
         if reconciler is None or store is None:
