@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: venv demo test lint check-services engines bench clean constraints image
+.PHONY: venv demo test lint check-services engines bench bench-fleet clean constraints image
 
 # Two install stamps: the demo needs only warmer and the model generator (the `demo` extra); lint and
 # the tests need the `dev` extra (which includes it).
@@ -51,6 +51,13 @@ bench: venv engines
 	$(BIN)/python -m bench.prefill_cold_vs_cached
 	$(BIN)/python -m bench.time_to_ready
 	$(BIN)/python -m bench.prewarm_burst
+
+# Routers vs naive pre-warm vs warmer under call traffic on real boxes, with a rolling restart (minutes).
+# It builds llama-server itself when missing. Options go through FLEET_ARGS, e.g.
+#   make bench-fleet FLEET_ARGS='--setting both --model light'
+FLEET_ARGS ?= --setting tight --model light
+bench-fleet: venv
+	$(BIN)/python -m bench.fleet $(FLEET_ARGS)
 
 # The container image the Kubernetes manifests run (needs docker or podman: DOCKER=podman).
 DOCKER ?= docker

@@ -12,7 +12,7 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
-from warmer.core.model import BoxSpec, CompletionReport, EngineKind, ModelProfile, Prefix
+from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, EngineKind, ModelProfile, Prefix
 from warmer.root.logging import MASK, NOISY_LIBRARY_LOGGERS, configure_logging
 from warmer.service.warming import WarmExecutor
 
@@ -133,8 +133,11 @@ def test_lines_logged_during_a_warm_carry_the_box_and_prefix() -> None:
     """What an engine adapter or httpx logs inside a warm is tagged through structlog contextvars."""
 
     class LoggingEngine:
+        async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+            return CacheLayout()
+
         async def complete_prefix(
-            self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+            self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, **_: object
         ) -> CompletionReport:
             logging.getLogger("httpx").warning("slow answer")
             return CompletionReport(prompt_tokens=100, cached_tokens=100 if suffix else 0, wall_seconds=0.1)

@@ -81,7 +81,9 @@ def router(services: ApiServices) -> APIRouter:
             }
         },
         responses={
-            200: {"description": "{agent, box_id, base_url, prefix_hash, state, ready, waited_ms, detail}"},
+            200: {
+                "description": "{agent, box_id, base_url, prefix_hash, state, ready, waited_ms, detail, slot}"
+            },
             404: {"description": "Unknown agent"},
             422: {"description": "Bad body: {field, detail}"},
             503: {"description": "No box can take the agent's call now: {reason}"},

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 import warmer
 from warmer.service.campaigns import CampaignService
+from warmer.service.capacity import CapacityReport
 from warmer.service.deploy import DeployHandler
 from warmer.service.prewarm import PrewarmService
 from warmer.service.status import StatusQueries
@@ -26,6 +28,12 @@ class Readiness:
 
     ready: bool
     reason: str = ""
+
+
+class CapacityQueries(Protocol):
+    """What `GET /v1/capacity` asks (`warmer.service.capacity.CapacityService` answers)."""
+
+    async def report(self) -> CapacityReport: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,3 +48,4 @@ class ApiServices:
     prewarm: PrewarmService | None = None  # dialer pre-call ask (POST /v1/prewarm)
     campaigns: CampaignService | None = None  # dialer schedule (PUT/DELETE/GET /v1/campaigns)
     deploy: DeployHandler | None = None  # signed deploy webhook (POST /v1/events/deploy)
+    capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)
