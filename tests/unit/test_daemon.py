@@ -118,3 +118,30 @@ def test_store_is_only_there_while_running(tmp_path: Path) -> None:
     daemon = build_with(settings_for(tmp_path, free_port()), FakeStore(), [])
     with pytest.raises(RuntimeError, match="only while the daemon runs"):
         _ = daemon.store
+
+
+def test_warmer_ready_follows_the_daemon_between_probes_and_drops_when_stopping(tmp_path: Path) -> None:
+    port = free_port()
+    store = FakeStore()
+    daemon = build_with(settings_for(tmp_path, port), store, [])
+
+    def ready_gauge() -> float | None:
+        return daemon.metrics.registry.get_sample_value("warmer_ready")
+
+    async def scenario() -> int:
+        running = asyncio.create_task(daemon.run(handle_signals=False))
+        await wait_until_started(daemon, running)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            assert "warmer_ready 1.0" in (await client.get("/metrics")).text
+            store.reachable = False  # no /readyz probe in between: the scrape itself re-checks
+            assert "warmer_ready 0.0" in (await client.get("/metrics")).text
+            store.reachable = True
+            assert "warmer_ready 1.0" in (await client.get("/metrics")).text
+        daemon.supervisor.request_stop("test over")
+        stopping = await daemon.readiness()
+        assert (stopping.ready, stopping.reason) == (False, "stopping (test over)")
+        assert ready_gauge() == 0
+        return await running
+
+    assert asyncio.run(scenario()) == 0
+    assert ready_gauge() == 0

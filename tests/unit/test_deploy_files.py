@@ -1,36 +1,46 @@
-"""deploy/: the Kubernetes manifests and the systemd unit agree with each other and with the real config.
+"""deploy/ and the Containerfile: the image recipe, the rendered Kubernetes manifests (base and the
+PostgreSQL overlay) and the systemd unit agree with each other and with the real config.
 
-Nothing here is a copy of the manifests' values: ports, paths and timeouts are read from the files and
-checked against the settings the daemon would actually load, so editing one file without the other fails.
+Nothing here is a copy of the manifests' values: ports, paths, users and timeouts are read from the files
+and checked against the settings the daemon would actually load, so editing one file without the other
+fails. The manifests are rendered from their kustomizations (tests/kustomize.py) and validated against
+the Kubernetes API schemas in strict mode (kubernetes-validate).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
 
+import warmer
+from tests.kustomize import KustomizeError, render
+from tests.metric_names import exported_sample_names, warmer_metrics_in
 from warmer.cli import main
+from warmer.cli.init import starter_files
 from warmer.config.loader import LoadedConfig, load_config
 from warmer.config.settings import Settings
 from warmer.core.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 KUBERNETES = REPO / "deploy" / "kubernetes"
+BASE = KUBERNETES / "base"
+POSTGRESQL = KUBERNETES / "overlays" / "postgresql"
+DISCOVERY = KUBERNETES / "overlays" / "discovery"
 SYSTEMD = REPO / "deploy" / "systemd"
-
-# The Deployment takes its secrets from a Secret that is not in the repository (it holds real tokens).
-# These are the keys its comment and the README name; the test stands in dummy values for them.
-SECRET_ENV = {
-    "WARMER_API__TOKENS": '["test-token-not-a-secret"]',
-    "WARMER_API__WEBHOOK_SECRET": "test-webhook-secret",
-}
+CONTAINERFILE = REPO / "Containerfile"
+# The Kubernetes release the manifests are validated against (kubernetes-validate ships its schemas).
+KUBERNETES_VERSION = "1.32.0"
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 
 
 @pytest.fixture(autouse=True)
@@ -44,26 +54,33 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # ------------------------------------------------------------------------------------------- Kubernetes
 
 
-def _manifests() -> list[dict[str, Any]]:
-    documents: list[dict[str, Any]] = []
-    for path in sorted(KUBERNETES.glob("*.yaml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document is not None:
-                documents.append(document)
-    return documents
-
-
-def _one(kind: str) -> dict[str, Any]:
-    found = [doc for doc in _manifests() if doc.get("kind") == kind]
-    assert len(found) == 1, f"expected one {kind} in deploy/kubernetes, found {len(found)}"
+def _one(kind: str, manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    found = [doc for doc in manifests if doc.get("kind") == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
     return found[0]
 
 
-def _container() -> dict[str, Any]:
-    containers = _one("Deployment")["spec"]["template"]["spec"]["containers"]
-    warmer = [c for c in containers if c["name"] == "warmer"]
-    assert len(warmer) == 1
-    return dict(warmer[0])
+def _secret_example(directory: Path) -> dict[str, Any]:
+    (secret,) = [doc for doc in yaml.safe_load_all((directory / "secret.example.yaml").read_text()) if doc]
+    return dict(secret)
+
+
+@pytest.fixture(params=[BASE, POSTGRESQL, DISCOVERY], ids=["base", "postgresql", "discovery"])
+def variant(request: pytest.FixtureRequest) -> Path:
+    """Each kustomization in turn: the single-replica base, the PostgreSQL and the discovery overlays."""
+    return Path(request.param)
+
+
+@pytest.fixture
+def manifests(variant: Path) -> list[dict[str, Any]]:
+    return render(variant)
+
+
+def _container(manifests: list[dict[str, Any]], name: str = "warmer") -> dict[str, Any]:
+    pod = _one("Deployment", manifests)["spec"]["template"]["spec"]
+    found = [c for c in [*pod["containers"], *pod.get("initContainers", [])] if c["name"] == name]
+    assert len(found) == 1
+    return dict(found[0])
 
 
 def _named_port(container: Mapping[str, Any], port: int | str) -> int:
@@ -79,59 +96,73 @@ def _config_path_in_args(args: list[str]) -> PurePosixPath:
     return PurePosixPath(args[args.index("--config") + 1])
 
 
-def _deployment_env(container: Mapping[str, Any]) -> dict[str, str]:
-    """Literal `env` values of the container, plus the dummy secrets its `envFrom` Secret supplies."""
-    env = {item["name"]: str(item["value"]) for item in container.get("env", []) if "value" in item}
-    secret_refs = [
-        source["secretRef"]["name"] for source in container.get("envFrom", []) if "secretRef" in source
-    ]
-    if secret_refs:
-        env.update(SECRET_ENV)
+def _container_env(container: Mapping[str, Any], secret: Mapping[str, Any] | None) -> dict[str, str]:
+    """The container's environment: literal values, the Secret's keys (envFrom, secretKeyRef), with the
+    shipped example Secret standing in for the real one. A secretKeyRef to a missing key fails, as the
+    pod would not start."""
+    data: Mapping[str, str] = secret["stringData"] if secret is not None else {}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        if "secretRef" in source:
+            assert secret is not None
+            assert source["secretRef"]["name"] == secret["metadata"]["name"]
+            env.update(data)
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif "secretKeyRef" in item.get("valueFrom", {}):
+            ref = item["valueFrom"]["secretKeyRef"]
+            assert secret is not None
+            assert ref["name"] == secret["metadata"]["name"]
+            assert ref["key"] in data or ref.get("optional"), f"the Secret has no key {ref['key']!r}"
+            if ref["key"] in data:
+                env[item["name"]] = data[ref["key"]]
     return env
 
 
-def _materialize_pod_files(root: Path) -> Path:
-    """Write the files the pod sees (ConfigMap keys at their mount paths, empty dirs) under `root`.
+def _materialize_pod_files(
+    manifests: list[dict[str, Any]], root: Path, container_name: str = "warmer"
+) -> Path:
+    """Write the files the container sees (ConfigMap keys at their mount paths and `items` paths, empty
+    dirs for other volumes) under `root`.
 
     Absolute paths inside the config file are re-rooted at `root`, so the loader finds exactly the files
-    the pod would: a profile the ConfigMap does not mount is then a missing file here too.
+    the pod would: an agent file the volume does not place is then a missing file here too.
     Returns the config file named by the container's `--config`.
     """
-    deployment = _one("Deployment")
-    config_map = _one("ConfigMap")
-    pod = deployment["spec"]["template"]["spec"]
+    config_map = _one("ConfigMap", manifests)
+    pod = _one("Deployment", manifests)["spec"]["template"]["spec"]
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
-    container = _container()
+    container = _container(manifests, container_name)
     config_file = _config_path_in_args(container["args"])
     for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
         target = root / mount["mountPath"].lstrip("/")
-        if "configMap" in volume:
-            assert volume["configMap"]["name"] == config_map["metadata"]["name"]
-            data: Mapping[str, str] = config_map["data"]
-            if "subPath" in mount:
-                assert mount["subPath"] in data, f"no ConfigMap key {mount['subPath']!r} to mount"
-            files = (
-                {target: data[mount["subPath"]]}
-                if "subPath" in mount
-                else {target / key: text for key, text in data.items()}
-            )
-            for path, text in files.items():
-                if PurePosixPath("/" + str(path.relative_to(root))) == config_file:
-                    text = text.replace('"/', f'"{root.as_posix()}/')
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-        else:
+        if "configMap" not in volume:
             target.mkdir(parents=True, exist_ok=True)
+            continue
+        assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+        data: Mapping[str, str] = config_map["data"]
+        items = volume["configMap"].get("items") or [{"key": key, "path": key} for key in data]
+        for item in items:
+            assert item["key"] in data, f"no ConfigMap key {item['key']!r} to mount"
+            path = target / item["path"]
+            text = data[item["key"]]
+            if PurePosixPath("/" + str(path.relative_to(root))) == config_file:
+                text = text.replace('"/', f'"{root.as_posix()}/')
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
     return root / str(config_file).lstrip("/")
 
 
 @pytest.fixture
-def pod_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def pod_config(
+    manifests: list[dict[str, Any]], variant: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
     """The pod's config file on disk, with the environment the Deployment gives the container."""
-    for name, value in _deployment_env(_container()).items():
+    for name, value in _container_env(_container(manifests), _secret_example(variant)).items():
         monkeypatch.setenv(name, value)
-    return _materialize_pod_files(tmp_path)
+    return _materialize_pod_files(manifests, tmp_path)
 
 
 @pytest.fixture
@@ -139,27 +170,66 @@ def pod_loaded(pod_config: Path) -> LoadedConfig:
     return load_config(pod_config)
 
 
-def test_every_manifest_parses_with_kind_and_name() -> None:
-    paths = sorted(KUBERNETES.glob("*.yaml"))
-    assert paths
-    documents = _manifests()
-    assert len(documents) >= len(paths)
-    for document in documents:
-        assert document.get("apiVersion"), document
-        assert document.get("kind"), document
-        assert document["metadata"]["name"]
-    assert {doc["kind"] for doc in documents} >= {"ConfigMap", "Deployment", "Service"}
+def test_rendered_manifests_and_secret_examples_pass_strict_schema_validation(
+    manifests: list[dict[str, Any]], variant: Path
+) -> None:
+    """Built-in kinds against the Kubernetes API schemas, unknown fields rejected. The Prometheus
+    Operator's kinds have no schema there; their fields are checked by the monitoring tests below."""
+    crds = {"ServiceMonitor", "PrometheusRule"}
+    for document in [*manifests, _secret_example(variant)]:
+        if document["kind"] in crds:
+            assert document["apiVersion"] == "monitoring.coreos.com/v1"
+            continue
+        kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
+    kinds = {doc["kind"] for doc in manifests}
+    assert kinds >= {
+        "Deployment", "Service", "ConfigMap", "PodDisruptionBudget", "NetworkPolicy", "ServiceAccount",
+        "ServiceMonitor", "PrometheusRule",
+    }  # fmt: skip
+
+
+def test_strict_validation_rejects_an_unknown_field() -> None:
+    """The validation above can fail: a misspelt field in a rendered Deployment is an error."""
+    deployment = _one("Deployment", render(BASE))
+    deployment["spec"]["replica"] = 2
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+def test_the_renderer_refuses_kustomize_features_it_does_not_implement(tmp_path: Path) -> None:
+    (tmp_path / "kustomization.yaml").write_text("resources: []\nnamePrefix: staging-\n")
+    with pytest.raises(KustomizeError, match="namePrefix"):
+        render(tmp_path)
+    (tmp_path / "kustomization.yaml").write_text("patches:\n  - path: p.yaml\n")
+    (tmp_path / "p.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata:\n  name: nothing\n")
+    with pytest.raises(KustomizeError, match="matched 0"):
+        render(tmp_path)
 
 
 def test_configmap_config_passes_the_real_validation(pod_loaded: LoadedConfig) -> None:
     assert pod_loaded.boxes, "the example fleet has at least one box"
     assert {box.model for box in pod_loaded.boxes} <= set(pod_loaded.profiles)
+    assert list(pod_loaded.agents) == ["example"], "the nested agent files reach their paths"
     assert not pod_loaded.settings.api.binds_loopback, "a pod must be reachable from the Service"
 
 
-def test_container_command_checks_out_with_check_config(pod_config: Path) -> None:
+def test_configmap_agent_is_what_warmer_init_writes(manifests: list[dict[str, Any]]) -> None:
+    written = starter_files(model="dense-sglang", engine="sglang", box_urls=(), port=8470)
+    volume = next(
+        v for v in _one("Deployment", manifests)["spec"]["template"]["spec"]["volumes"] if "configMap" in v
+    )
+    data = _one("ConfigMap", manifests)["data"]
+    placed = {f"{item['path']}": data[item["key"]] for item in volume["configMap"]["items"]}
+    assert {path: text for path, text in placed.items() if path.startswith("agents/")} == {
+        path: text for path, text in written.items() if path.startswith("agents/")
+    }
+
+
+def test_container_command_checks_out_with_check_config(
+    manifests: list[dict[str, Any]], pod_config: Path
+) -> None:
     """The container's own args, with `serve` swapped for `check-config`, pass the real CLI."""
-    args = list(_container()["args"])
+    args = list(_container(manifests)["args"])
     assert args[-1] == "serve"
     assert args[0] == "--config", "--config is a group option: it comes before the subcommand"
     args[args.index("--config") + 1] = str(pod_config)
@@ -168,17 +238,19 @@ def test_container_command_checks_out_with_check_config(pod_config: Path) -> Non
     assert "config ok" in result.output
 
 
-def test_the_secret_is_what_makes_the_config_valid(tmp_path: Path) -> None:
+def test_the_secret_is_what_makes_the_config_valid(manifests: list[dict[str, Any]], tmp_path: Path) -> None:
     """Without the Secret's tokens the pod's routable bind is refused: the envFrom is load-bearing."""
-    container = _container()
+    container = _container(manifests)
     assert any(source.get("secretRef", {}).get("name") for source in container.get("envFrom", []))
     with pytest.raises(ConfigError) as caught:
-        load_config(_materialize_pod_files(tmp_path))
+        load_config(_materialize_pod_files(manifests, tmp_path))
     assert "api.tokens" in [path for path, _ in caught.value.problems]
 
 
-def test_probes_hit_health_endpoints_on_the_api_port(pod_loaded: LoadedConfig) -> None:
-    container = _container()
+def test_probes_hit_health_endpoints_on_the_api_port(
+    manifests: list[dict[str, Any]], pod_loaded: LoadedConfig
+) -> None:
+    container = _container(manifests)
     api_port = pod_loaded.settings.api.port
     liveness = container["livenessProbe"]["httpGet"]
     readiness = container["readinessProbe"]["httpGet"]
@@ -186,31 +258,267 @@ def test_probes_hit_health_endpoints_on_the_api_port(pod_loaded: LoadedConfig) -
     assert readiness["path"] == "/readyz"
     assert _named_port(container, liveness["port"]) == api_port
     assert _named_port(container, readiness["port"]) == api_port
-    if "startupProbe" in container:
-        startup = container["startupProbe"]["httpGet"]
-        assert startup["path"] == "/healthz", "start-up must not wait on /readyz (engines may be cold)"
-        assert _named_port(container, startup["port"]) == api_port
+    startup = container["startupProbe"]["httpGet"]
+    assert startup["path"] == "/healthz", "start-up must not wait on /readyz (engines may be cold)"
+    assert _named_port(container, startup["port"]) == api_port
 
 
-def test_service_and_scrape_annotation_target_the_api_port(pod_loaded: LoadedConfig) -> None:
-    container = _container()
-    api_port = pod_loaded.settings.api.port
-    service = _one("Service")
-    deployment = _one("Deployment")
-    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+def test_service_pdb_and_account_select_the_pods(
+    manifests: list[dict[str, Any]], pod_loaded: LoadedConfig
+) -> None:
+    container = _container(manifests)
+    deployment = _one("Deployment", manifests)
+    pod = deployment["spec"]["template"]
+    pod_labels = pod["metadata"]["labels"]
+    service = _one("Service", manifests)
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert (
+        _one("PodDisruptionBudget", manifests)["spec"]["selector"]["matchLabels"].items()
+        <= pod_labels.items()
+    )
     for port in service["spec"]["ports"]:
-        assert _named_port(container, port.get("targetPort", port["port"])) == api_port
-    annotations = deployment["spec"]["template"]["metadata"].get("annotations", {})
-    if "prometheus.io/port" in annotations:
-        assert int(annotations["prometheus.io/port"]) == api_port
+        assert _named_port(container, port.get("targetPort", port["port"])) == pod_loaded.settings.api.port
+    assert pod["spec"]["serviceAccountName"] == _one("ServiceAccount", manifests)["metadata"]["name"]
 
 
-def test_termination_grace_outlasts_the_shutdown_grace(pod_loaded: LoadedConfig) -> None:
-    pod = _one("Deployment")["spec"]["template"]["spec"]
+def test_termination_grace_outlasts_the_shutdown_grace(
+    manifests: list[dict[str, Any]], pod_loaded: LoadedConfig
+) -> None:
+    pod = _one("Deployment", manifests)["spec"]["template"]["spec"]
     grace = pod.get("terminationGracePeriodSeconds", 30)  # Kubernetes' default
     assert grace > pod_loaded.settings.reconcile.shutdown_grace_seconds
+
+
+def test_every_container_runs_the_image_the_containerfile_builds(manifests: list[dict[str, Any]]) -> None:
+    pod = _one("Deployment", manifests)["spec"]["template"]["spec"]
+    images = {container["image"] for container in [*pod["containers"], *pod.get("initContainers", [])]}
+    assert images == {f"warmer:{VERSION}"}
+    assert "-t warmer:$(VERSION)" in (REPO / "Makefile").read_text()
+
+
+def test_base_keeps_the_embedded_database_on_its_volume_claim(pod_loaded: LoadedConfig) -> None:
+    manifests = render(BASE)
+    deployment = _one("Deployment", manifests)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate", "never two writers on one SQLite file"
+    claim = _one("PersistentVolumeClaim", manifests)["metadata"]["name"]
+    pod = deployment["spec"]["template"]["spec"]
+    state = next(v for v in pod["volumes"] if v.get("persistentVolumeClaim", {}).get("claimName") == claim)
+    mount = next(m for m in _container(manifests)["volumeMounts"] if m["name"] == state["name"])
+    if pod_loaded.settings.database.is_embedded:  # the base variant's own pod config
+        assert PurePosixPath(mount["mountPath"]).name == pod_loaded.settings.database.state_dir.name
+
+
+def test_postgresql_overlay_runs_replicas_on_the_server_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = render(POSTGRESQL)
+    deployment = _one("Deployment", manifests)
+    assert deployment["spec"]["replicas"] > 1
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert not [doc for doc in manifests if doc["kind"] == "PersistentVolumeClaim"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert not [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    secret = _secret_example(POSTGRESQL)
+    for name in ("migrate", "warmer"):
+        env = _container_env(_container(manifests, name), secret)
+        assert env["WARMER_DATABASE__URL"].startswith("postgresql+psycopg://")
+    migrate = _container(manifests, "migrate")["args"]
+    assert migrate[-2:] == ["db", "upgrade"]
+    assert _config_path_in_args(migrate) == _config_path_in_args(_container(manifests)["args"])
+    for name, value in _container_env(_container(manifests), secret).items():
+        monkeypatch.setenv(name, value)
+    loaded = load_config(_materialize_pod_files(manifests, tmp_path))
+    assert not loaded.settings.database.is_embedded
+
+
+def test_network_policy_admits_the_api_and_reaches_the_boxes(
+    manifests: list[dict[str, Any]], pod_loaded: LoadedConfig, variant: Path
+) -> None:
+    container = _container(manifests)
+    policies = [doc for doc in manifests if doc["kind"] == "NetworkPolicy"]
+    pod_labels = _one("Deployment", manifests)["spec"]["template"]["metadata"]["labels"]
+    assert all(p["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items() for p in policies)
+    ingress_ports = {
+        _named_port(container, port["port"])
+        for p in policies
+        for rule in p["spec"].get("ingress", [])
+        for port in rule["ports"]
+    }
+    assert pod_loaded.settings.api.port in ingress_ports
+
+    def egress_allows(namespace: str, port: int) -> bool:
+        for policy in policies:
+            for rule in policy["spec"].get("egress", []):
+                ports = {p["port"] for p in rule.get("ports", [])}
+                peers = rule.get("to", [{"namespaceSelector": {}}])
+                names = [peer.get("namespaceSelector", {}).get("matchLabels", {}) for peer in peers]
+                if port in ports and any(
+                    n in ({}, {"kubernetes.io/metadata.name": namespace}) for n in names
+                ):
+                    return True
+        return False
+
+    assert egress_allows("kube-system", 53), "DNS"
+    for box in pod_loaded.boxes:
+        host, _, port = box.base_url.removeprefix("http://").partition(":")
+        labels = host.split(".")
+        namespace = labels[labels.index("svc") - 1]
+        assert egress_allows(namespace, int(port)), f"{box.id} at {box.base_url} is unreachable"
+    if not pod_loaded.settings.database.is_embedded:
+        assert egress_allows("database", 5432), "PostgreSQL"
+
+
+def test_discovery_overlay_may_list_the_engine_pods_it_is_configured_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = render(DISCOVERY)
+    base_config = _one("ConfigMap", render(BASE))["data"]["warmer.toml"]
+    overlay_config = _one("ConfigMap", manifests)["data"]["warmer.toml"]
+    assert overlay_config.startswith(base_config.rstrip("\n")), (
+        "the overlay repeats the base config, then adds"
+    )
+    for name, value in _container_env(_container(manifests), _secret_example(DISCOVERY)).items():
+        monkeypatch.setenv(name, value)
+    loaded = load_config(_materialize_pod_files(manifests, tmp_path))
+    discovery = loaded.settings.fleet.discovery
+    assert discovery is not None
+    pod = _one("Deployment", manifests)["spec"]["template"]["spec"]
+    account = _one("ServiceAccount", manifests)
+    assert pod["automountServiceAccountToken"] is True
+    assert account["automountServiceAccountToken"] is True
+    assert discovery.token_file == Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    role = _one("Role", manifests)
+    binding = _one("RoleBinding", manifests)
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == discovery.namespace
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert [s["name"] for s in binding["subjects"] if s["kind"] == "ServiceAccount"] == [
+        account["metadata"]["name"]
+    ]
+    assert any(
+        "" in rule["apiGroups"] and "pods" in rule["resources"] and "list" in rule["verbs"]
+        for rule in role["rules"]
+    )
+    api_ports = {
+        port["port"]
+        for policy in manifests
+        if policy["kind"] == "NetworkPolicy"
+        for rule in policy["spec"].get("egress", [])
+        if "to" not in rule
+        for port in rule.get("ports", [])
+    }
+    assert 443 in api_ports
+
+
+# Fields the Prometheus Operator's CRDs define (example/prometheus-operator-crd/
+# monitoring.coreos.com_prometheusrules.yaml @ 2de7fa35f1dae33ca3dfc392b27dbf06a93d5c4d and
+# monitoring.coreos.com_servicemonitors.yaml @ c5bfb15ae2f365b7dd960ac7a40297c3bfc4b044 in
+# prometheus-operator/prometheus-operator), with its duration pattern for `for:`.
+_RULE_FIELDS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
+_DURATION = re.compile(
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
+
+
+def test_service_monitor_scrapes_the_metrics_endpoint(manifests: list[dict[str, Any]]) -> None:
+    monitor = _one("ServiceMonitor", manifests)
+    service = _one("Service", manifests)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    service_ports = {port["name"] for port in service["spec"]["ports"]}
+    for endpoint in monitor["spec"]["endpoints"]:
+        assert set(endpoint) <= {"port", "path", "interval", "scrapeTimeout"}
+        assert endpoint["port"] in service_ports
+        assert endpoint["path"] == "/metrics"
+        assert _DURATION.match(endpoint["interval"])
+
+
+def test_alerts_cover_readiness_hit_rate_and_root_tasks_on_exported_metrics(
+    manifests: list[dict[str, Any]],
+) -> None:
+    rules = [rule for group in _one("PrometheusRule", manifests)["spec"]["groups"] for rule in group["rules"]]
+    exported = exported_sample_names()
+    read: set[str] = set()
+    for rule in rules:
+        assert set(rule) <= _RULE_FIELDS, rule
+        assert _DURATION.match(rule.get("for", "0")), rule
+        names = warmer_metrics_in(rule["expr"])
+        assert names, f"{rule['alert']} reads no warmer metric"
+        assert names <= exported, f"{rule['alert']} reads metrics warmer does not export: {names - exported}"
+        for text in rule.get("annotations", {}).values():
+            assert warmer_metrics_in(text) <= exported, text
+        read |= names
+    assert {
+        "warmer_box_ready",
+        "warmer_box_hit_rate_below_threshold",
+        "warmer_root_task_failures_total",
+    } <= read
+
+
+def test_alert_metric_check_catches_a_misspelt_metric() -> None:
+    assert warmer_metrics_in("max by (box) (warmer_box_readyy) == 0") - exported_sample_names()
+
+
+# ------------------------------------------------------------------------------------- Containerfile
+
+
+def _final_stage() -> list[tuple[str, str]]:
+    """The Containerfile's last stage as (INSTRUCTION, arguments), continuation lines joined."""
+    text = re.sub(r"\\\n", " ", CONTAINERFILE.read_text())
+    stages: list[list[tuple[str, str]]] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        instruction, _, arguments = line.partition(" ")
+        if instruction.upper() == "FROM":
+            stages.append([])
+        stages[-1].append((instruction.upper(), arguments.strip()))
+    return stages[-1]
+
+
+def _instruction(stage: list[tuple[str, str]], name: str) -> str:
+    values = [arguments for instruction, arguments in stage if instruction == name]
+    assert values, f"{name} missing from the final stage"
+    return values[-1]
+
+
+def test_image_runs_as_the_pods_non_root_user_on_the_api_port() -> None:
+    manifests = render(BASE)
+    stage = _final_stage()
+    pod_security = _one("Deployment", manifests)["spec"]["template"]["spec"]["securityContext"]
+    user, _, group = _instruction(stage, "USER").partition(":")
+    assert int(user) == pod_security["runAsUser"] != 0
+    assert int(group) == pod_security["runAsGroup"]
+    container = _container(manifests)
+    assert int(_instruction(stage, "EXPOSE")) == _named_port(container, "http")
+    assert yaml.safe_load(_instruction(stage, "ENTRYPOINT")) == ["warmer"]
+    assert yaml.safe_load(_instruction(stage, "CMD")) == container["args"]
+    assert _instruction(stage, "FROM").endswith("-slim-bookworm")
+
+
+def test_the_final_stage_installs_only_the_wheel() -> None:
+    stage = _final_stage()
+    copies = [arguments for instruction, arguments in stage if instruction == "COPY"]
+    assert copies == ["--from=wheel /dist/ /tmp/dist/", "constraints.txt /tmp/constraints.txt"]
+    install = _instruction(stage, "RUN")
+    assert (
+        "pip install --no-cache-dir --disable-pip-version-check "
+        "-c /tmp/constraints.txt /tmp/dist/warmer-*.whl" in install
+    )
+
+
+def test_the_build_stage_copies_what_the_wheel_needs() -> None:
+    text = CONTAINERFILE.read_text()
+    build = text[: text.rindex("\nFROM ")]
+    copied = {part for line in build.splitlines() if line.startswith("COPY ") for part in line.split()[1:-1]}
+    assert copied == {"pyproject.toml", "setup.py", "README.md", "warmer", "models", "migrations"}
+    assert all((REPO / name).exists() for name in copied)
+    assert warmer.__version__ == VERSION
 
 
 # --------------------------------------------------------------------------------------------- systemd

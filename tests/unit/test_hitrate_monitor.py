@@ -58,6 +58,7 @@ class Recorder:
         self.ratios: list[tuple[str, float]] = []
         self.alerts: list[tuple[str, bool]] = []
         self.scrapes: list[tuple[str, str]] = []
+        self.windows: list[tuple[str, float, float]] = []
         self.suspects: list[tuple[str, bool]] = []
 
     def hit_ratio(self, box_id: str, ratio: float) -> None:
@@ -68,6 +69,9 @@ class Recorder:
 
     def scrape_finished(self, box_id: str, outcome: str) -> None:
         self.scrapes.append((box_id, outcome))
+
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
+        self.windows.append((box_id, queried_tokens, hit_tokens))
 
     def set_suspect(self, box_id: str, suspect: bool) -> None:
         self.suspects.append((box_id, suspect))
@@ -153,15 +157,31 @@ async def test_an_idle_box_never_alerts() -> None:
     assert recorder.ratios == []
 
 
-async def test_idle_window_keeps_an_alert_and_a_restart_clears_it_without_judging_warmup() -> None:
+async def test_an_idle_window_clears_an_alert() -> None:
+    engine, recorder = CountingEngine(), Recorder()
+    monitor = make(engine, recorder)
+    await monitor.scrape_once()
+    engine.serve("a", 10000, 1000)
+    await monitor.scrape_once()
+    assert monitor.alerting() == {"a"}
+    with capture_logs() as logs:
+        engine.serve("a", 300, 0)  # the calls stopped: a few probes, too little to judge
+        assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+    assert monitor.alerting() == set()
+    assert recorder.alerts == [("a", True), ("a", False)]
+    assert ("a", False) in recorder.suspects
+    assert [e["reason"] for e in logs if e["event"] == EVENT_RECOVERED] == [
+        "idle: too little traffic to judge"
+    ]
+
+
+async def test_a_restart_clears_an_alert_without_judging_warmup() -> None:
     engine, recorder = CountingEngine(), Recorder()
     monitor = make(engine, recorder)
     engine.serve("a", 50000, 45000)
     await monitor.scrape_once()
     engine.serve("a", 10000, 1000)
     await monitor.scrape_once()
-    assert monitor.alerting() == {"a"}
-    await monitor.scrape_once()  # no traffic at all: no evidence either way
     assert monitor.alerting() == {"a"}
 
     engine.restart("a")
@@ -240,3 +260,42 @@ def test_config_rejects_nonsense() -> None:
         HitRateConfig(threshold=1.5)
     with pytest.raises(ValueError, match="poll_seconds"):
         HitRateConfig(poll_seconds=0)
+
+
+async def test_every_window_of_one_process_reports_its_tokens_even_when_too_small_to_judge() -> None:
+    engine, recorder = CountingEngine(), Recorder()
+    monitor = make(engine, recorder, boxes=[A])
+    await monitor.scrape_once()  # baseline: no window yet
+    engine.serve("a", 200, 150)  # under min_tokens_per_window: not judged, still counted
+    await monitor.scrape_once()
+    engine.restart("a")  # counters went down: a new baseline, no window
+    await monitor.scrape_once()
+    engine.serve("a", 5000, 4000)
+    await monitor.scrape_once()
+    assert recorder.windows == [("a", 200, 150), ("a", 5000, 4000)]
+
+
+async def test_windows_while_warmer_warms_the_box_are_not_judged() -> None:
+    """A restart warm-up or a first prefix warm is cold by design: only windows with the box ready for
+    traffic at both ends say something about the calls."""
+    engine, recorder = CountingEngine(), Recorder()
+    ready: set[str] = set()
+    monitor = HitRateMonitor(
+        engine=engine,  # type: ignore[arg-type]  # only cache_stats is used
+        fleet=lambda: [A],
+        clock=FakeClock(),
+        config=HitRateConfig(poll_seconds=60, threshold=0.9, min_tokens_per_window=1000),
+        observer=recorder,
+        ready_boxes=lambda: ready,
+    )
+    await monitor.scrape_once()
+    engine.serve("a", 20000, 500)  # warm-up: long prefill, bursts, first warms
+    assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+    ready.add("a")
+    engine.serve("a", 5000, 0)  # became ready during this window: still warmer's traffic in it
+    assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+    assert recorder.alerts == []
+    engine.serve("a", 10000, 6000)  # ready at both ends: the calls' own hit rate, judged
+    assert (await monitor.scrape_once())["a"].status is HitRateStatus.BELOW_THRESHOLD
+    assert recorder.alerts == [("a", True)]
+    assert [w[1] for w in recorder.windows] == [20000, 5000, 10000]  # counted all along

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -11,16 +12,21 @@ import pytest
 import structlog
 from pydantic import SecretStr
 
-from warmer.root.logging import MASK, configure_logging
+from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, EngineKind, ModelProfile, Prefix
+from warmer.root.logging import MASK, NOISY_LIBRARY_LOGGERS, configure_logging
+from warmer.service.warming import WarmExecutor
 
 
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
+    library_levels = {name: logging.getLogger(name).level for name in NOISY_LIBRARY_LOGGERS}
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
+    for name, library_level in library_levels.items():
+        logging.getLogger(name).setLevel(library_level)
     structlog.reset_defaults()
 
 
@@ -89,3 +95,68 @@ def test_secrets_are_masked_in_every_shape() -> None:
     logging.getLogger("lib").info("connecting to %s", "postgresql://warmer:pw-7777@db/warmer")
     last = lines(stream)[-1]
     assert last["event"] == f"connecting to postgresql://warmer:{MASK}@db/warmer"
+
+
+def test_counts_under_token_keys_stay_visible_and_credentials_stay_masked() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream)
+    structlog.get_logger("x").warning(
+        "box hit rate below threshold",
+        queried_tokens=5000.0,
+        prefix_tokens=[1, 2, 3],
+        window={"hit_tokens": 4000, "tokens": ["t-8888"]},
+        token="tok-1212",
+        password=1234,
+        tokens=[],
+    )
+    (line,) = lines(stream)
+    assert line["queried_tokens"] == 5000.0
+    assert line["prefix_tokens"] == [1, 2, 3]
+    assert line["window"] == {"hit_tokens": 4000, "tokens": MASK}
+    assert (line["token"], line["password"], line["tokens"]) == (MASK, MASK, MASK)
+
+
+def test_request_and_tick_lines_of_libraries_are_off_by_default() -> None:
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream)
+    logging.getLogger("httpx").info('HTTP Request: POST http://b:1/completion "HTTP/1.1 200 OK"')
+    logging.getLogger("apscheduler.executors.default").info('Running job "tick"')
+    logging.getLogger("httpx").warning("a library problem")
+    assert [line["event"] for line in lines(stream)] == ["a library problem"]
+
+    configure_logging("INFO", "json", stream, library_level="INFO")
+    logging.getLogger("httpx").info("HTTP Request: GET http://b:1/health")
+    assert lines(stream)[-1]["event"] == "HTTP Request: GET http://b:1/health"
+
+
+def test_lines_logged_during_a_warm_carry_the_box_and_prefix() -> None:
+    """What an engine adapter or httpx logs inside a warm is tagged through structlog contextvars."""
+
+    class LoggingEngine:
+        async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+            return CacheLayout()
+
+        async def complete_prefix(
+            self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, **_: object
+        ) -> CompletionReport:
+            logging.getLogger("httpx").warning("slow answer")
+            return CompletionReport(prompt_tokens=100, cached_tokens=100 if suffix else 0, wall_seconds=0.1)
+
+    class Clock:
+        def monotonic(self) -> float:
+            return 0.0
+
+    stream = io.StringIO()
+    configure_logging("INFO", "json", stream)
+    box = BoxSpec(id="llama-3", base_url="http://b:1", engine=EngineKind.LLAMACPP, model="m")
+    prefix = Prefix(text="You are Robin." * 10, token_count=100)
+    executor = WarmExecutor(LoggingEngine(), Clock())  # type: ignore[arg-type]
+    outcome = asyncio.run(
+        executor.warm_and_verify(box, ModelProfile(name="m", engine=EngineKind.LLAMACPP), prefix)
+    )
+    assert outcome.verified
+    logged = lines(stream)
+    assert logged
+    assert {(line["box"], line["prefix"]) for line in logged} == {("llama-3", prefix.hash)}
+    logging.getLogger("httpx").warning("outside any warm")
+    assert "box" not in lines(stream)[-1]

@@ -89,9 +89,14 @@ async def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
 
     # the reconciler's observer (its own tests drive it through the real loop)
     metrics.reconcile.warm_finished(BOX.id, "warm", "assigned", "verified", 0.2)
+    metrics.reconcile.warm_tokens(BOX.id, 1200)
     metrics.reconcile.phase_finished(BOX.id, "sampled", True, 1.5)
     metrics.reconcile.box_ready(BOX.id, 12.0, 11.0)
     metrics.reconcile.fleet_state(1, 3)
+    metrics.reconcile.box_states(
+        {BOX.id: True, "gone": False}, {(BOX.id, "sales"): True, ("gone", "sales"): False}
+    )
+    metrics.reconcile.box_states({BOX.id: True}, {(BOX.id, "sales"): True})  # "gone" left the fleet
 
     sync = GatewaySync(
         gateway=Router(),
@@ -138,6 +143,10 @@ async def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
     assert value("warmer_boxes_ready") == 1
     assert value("warmer_prefixes_warm") == 3
     assert value("warmer_time_to_ready_seconds", box=BOX.id) == 12
+    assert value("warmer_box_ready", box=BOX.id) == 1
+    assert value("warmer_box_agent_warm", box=BOX.id, agent="sales") == 1
+    assert not [s for s in samples if dict(s.labels).get("box") == "gone"], "a removed box keeps no series"
+    assert not [s for s in samples if s.name.endswith("_created")], "no *_created series"
     assert value("warmer_http_requests_total", route="/healthz", method="GET", status="2xx") == 1
     assert value("warmer_http_requests_total", route="unmatched", method="GET", status="4xx") == 1
     assert value("warmer_http_request_seconds_count", route="/healthz") == 1
@@ -148,6 +157,9 @@ async def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
     assert value("warmer_box_cache_hit_ratio", box=BOX.id) == pytest.approx(0.5)
     assert value("warmer_box_hit_rate_below_threshold", box=BOX.id) == 1
     assert value("warmer_cache_scrapes_total", outcome="ok") == 2
+    assert value("warmer_engine_prompt_tokens_total", box=BOX.id, cached="true") == 500
+    assert value("warmer_engine_prompt_tokens_total", box=BOX.id, cached="false") == 500
+    assert value("warmer_warm_prompt_tokens_total", box=BOX.id) == 1200
 
 
 async def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None:

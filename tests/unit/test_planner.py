@@ -24,6 +24,7 @@ from warmer.core.planner import (
     WarmPrefix,
     WarmReason,
     WarmupStatus,
+    agent_warmth,
     box_ready,
     keepalive_due_at,
     plan,
@@ -316,7 +317,7 @@ def test_box_ready_needs_warmup_and_every_assigned_prefix() -> None:
     half = Observed(boxes={"b1": up(finished=10.0)}, warm=records(warm("b1", "a", 20.0)))
     readiness = box_ready("b1", want, half, 30.0, cfg)
     assert not readiness.ready
-    assert readiness.reasons == ("prefix p-b cold",)
+    assert readiness.reasons == ("agent b: prefix p-b cold",)
     full = Observed(
         boxes={"b1": up(finished=10.0)}, warm=records(warm("b1", "a", 20.0), warm("b1", "b", 25.0))
     )
@@ -367,3 +368,17 @@ def test_plan_is_deterministic() -> None:
     want = desired({f"a{i}": (f"b{i % 3}", f"b{(i + 1) % 3}") for i in range(12)})
     seen = Observed(boxes={f"b{i}": up() for i in range(3)}, warm=records(warm("b0", "a0", 0.0)))
     assert plan(want, seen, 500.0, config()) == plan(want, seen, 500.0, config())
+
+
+def test_agent_warmth_covers_every_wanted_pair_and_only_the_current_epoch() -> None:
+    want = desired({"a": ("b1", "b2"), "b": ("b2",)}, routing={"a": ("b1",), "b": ("b2", "b3")})
+    seen = Observed(
+        boxes={"b1": up(), "b2": up(epoch="e2"), "b3": BoxObservation(healthy=False, epoch="e1")},
+        warm=records(warm("b1", "a", 10.0), warm("b2", "a", 10.0), warm("b2", "b", 10.0, epoch="e2")),
+    )
+    assert agent_warmth(want, seen) == {
+        ("b1", "a"): True,
+        ("b2", "a"): False,  # warm only in an older epoch
+        ("b2", "b"): True,
+        ("b3", "b"): False,  # routed to, but the box is down
+    }

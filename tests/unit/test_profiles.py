@@ -7,9 +7,10 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from warmer.config.profiles import load_profile, load_profiles
+from warmer.config.profiles import load_profile, load_profile_set, load_profiles
 from warmer.core.errors import ConfigError
 from warmer.core.model import EngineKind, MambaStrategy, RestartRecipe
+from warmer.shipped import shipped_dir
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
@@ -106,6 +107,23 @@ def test_missing_directory_names_the_setting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_profiles(tmp_path / "nope")
     assert caught.value.problems[0][0] == "fleet.models_dir"
+
+
+def test_the_shipped_set_is_the_default_and_a_config_directory_adds_and_replaces(tmp_path: Path) -> None:
+    shipped = load_profile_set()
+    assert set(shipped) == {path.stem for path in (MODELS_DIR).glob("*.toml")}
+    assert Path(shipped["tiny-demo"].tokenizer_file or "").is_file()
+    (tmp_path / "dense-vllm.toml").write_text('engine = "vllm"\nslots = 3\n')
+    (tmp_path / "mine.toml").write_text('engine = "openai"\n')
+    merged = load_profile_set(tmp_path)
+    assert set(merged) == set(shipped) | {"mine"}
+    assert merged["dense-vllm"].slots == 3
+    assert merged["tiny-demo"] == shipped["tiny-demo"]
+
+
+def test_shipped_dirs_resolve_to_the_checkout_root_outside_a_wheel() -> None:
+    assert shipped_dir("models") == MODELS_DIR
+    assert (shipped_dir("migrations") / "env.py").is_file()
 
 
 def test_mamba_strategy_only_on_running_state_models(tmp_path: Path) -> None:

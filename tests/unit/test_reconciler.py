@@ -32,6 +32,7 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
 from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.root.metrics import ReconcileMetrics
 from warmer.service.reconcile_types import UnknownAgent
 from warmer.service.restart import RestartWarmup, burst_levels
 from warmer.service.status import StatusService
@@ -431,6 +432,33 @@ def test_a_database_blip_fails_one_tick_and_the_loop_carries_on(store_url: str) 
         stopping.set()
         await asyncio.wait_for(loop, timeout=10)
         await blinking.close()
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_per_box_ready_and_per_agent_warm_gauges_follow_the_loop(store_url: str) -> None:
+    registry = CollectorRegistry()
+    observer = ReconcileMetrics(registry)
+
+    def gauge(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    async def scenario() -> None:
+        w = world(store_url, observer=observer)
+        await settle(w.reconciler)
+        for box_id in ("b1", "b2"):
+            assert gauge("warmer_box_ready", box=box_id) == 1
+            assert gauge("warmer_box_agent_warm", box=box_id, agent="sales") == 1
+            sent = gauge("warmer_warm_prompt_tokens_total", box=box_id)
+            assert sent is not None
+            assert sent >= len(w.engine.warms(box_id)) > 0
+
+        w.engine.restart("b1")
+        await w.reconciler.tick()
+        assert gauge("warmer_box_ready", box="b1") == 0
+        assert gauge("warmer_box_agent_warm", box="b1", agent="sales") == 0
+        assert gauge("warmer_box_ready", box="b2") == 1
         await w.store.close()
 
     asyncio.run(scenario())

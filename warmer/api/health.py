@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -32,6 +34,9 @@ def router(services: ApiServices) -> APIRouter:
 
     @routes.get("/metrics", summary="Prometheus metrics of this daemon", response_class=Response)
     async def metrics() -> Response:
+        # warmer_ready follows the daemon, not only the last /readyz probe: each scrape re-checks it.
+        with contextlib.suppress(Exception):  # a scrape must answer, whatever broke
+            await services.readiness()
         return Response(generate_latest(services.registry), media_type=CONTENT_TYPE_LATEST)
 
     return routes

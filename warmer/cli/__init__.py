@@ -10,13 +10,22 @@ from warmer.cli.check import check_config
 from warmer.cli.db import db
 from warmer.cli.group import main
 from warmer.cli.hitrate import hitrate
+from warmer.cli.init import init_command
 from warmer.cli.prompts import lint_command, render_command
 from warmer.cli.serve import serve
 from warmer.cli.status import status
 from warmer.cli.warm import warm_command
 from warmer.cli.webhook import sign_webhook
 
-_COMMANDS: tuple[click.Command, ...] = (check_config, db, serve, warm_command, hitrate, sign_webhook)
+_COMMANDS: tuple[click.Command, ...] = (
+    init_command,
+    check_config,
+    db,
+    serve,
+    warm_command,
+    hitrate,
+    sign_webhook,
+)
 _COMMANDS += (render_command, lint_command, status)
 
 for _command in _COMMANDS:

@@ -25,7 +25,7 @@ from warmer import __version__
 from warmer.adapters.store import read_prefix_token_history
 from warmer.config.agents import load_agent_specs
 from warmer.config.loader import load_config
-from warmer.config.profiles import load_profiles
+from warmer.config.profiles import load_profile_set
 from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
@@ -78,7 +78,7 @@ def _config_options(command: Callable[..., None]) -> Callable[..., None]:
             "--models-dir",
             type=click.Path(path_type=Path, file_okay=False),
             default=None,
-            help="Model profile directory (with --agents-dir; default: models).",
+            help="Extra model profile directory on top of the shipped profiles (with --agents-dir).",
         ),
         click.option(
             "--samples",
@@ -108,7 +108,7 @@ def _load_with_settings(
         group_path = getattr(ctx.find_root().obj, "config_path", None)
         config_path = group_path if isinstance(group_path, Path) else None
     if agents_dir is not None:
-        return load_agent_specs(agents_dir), load_profiles(models_dir or Path("models")), None
+        return load_agent_specs(agents_dir), load_profile_set(models_dir), None
     loaded = load_config(config_path)
     if loaded.settings.fleet.agents_dir is None:
         raise ConfigError([("fleet.agents_dir", "no agents configured: set it or pass --agents-dir")])

@@ -24,6 +24,8 @@ def serve(state: CliState) -> None:
 
     loaded = state.load_config()
     settings = loaded.settings
-    configure_logging(settings.logging.level, settings.logging.format)
+    configure_logging(
+        settings.logging.level, settings.logging.format, library_level=settings.logging.libraries
+    )
     daemon = build(settings, profiles=loaded.profiles, agents=loaded.agents)
     raise SystemExit(asyncio.run(daemon.run()))

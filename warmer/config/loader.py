@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from warmer.config.profiles import load_profiles
+from warmer.config.profiles import load_profile_set
 from warmer.config.settings import (
-    FleetSettings,
     Problem,
     Settings,
     config_path_from_env,
@@ -130,16 +129,32 @@ def load_config(path: Path | None = None, *, agent_loader: AgentLoader | None = 
         raw_fleet = raw.get("fleet")
         fleet: dict[str, Any] = raw_fleet if isinstance(raw_fleet, dict) else {}
         raw_models_dir = fleet.get("models_dir")
-        models_dir = Path(raw_models_dir) if isinstance(raw_models_dir, str) else FleetSettings().models_dir
+        models_dir = Path(raw_models_dir) if isinstance(raw_models_dir, str) else None
         raw_boxes = fleet.get("boxes")
         boxes = [b for b in raw_boxes if isinstance(b, dict)] if isinstance(raw_boxes, list) else []
 
     profiles: dict[str, ModelProfile] | None = None
     try:
-        profiles = load_profiles(models_dir)
+        profiles = load_profile_set(models_dir)
     except ConfigError as exc:
         problems += exc.problems
     problems += box_problems(boxes, profiles)
+    discovery = settings.fleet.discovery if settings is not None else None
+    if discovery is not None and profiles is not None:
+        profile = profiles.get(discovery.model)
+        if profile is None:
+            known = ", ".join(sorted(profiles))
+            problems.append(
+                ("fleet.discovery.model", f"unknown model profile {discovery.model!r} (known: {known})")
+            )
+        elif profile.engine is not discovery.engine:
+            problems.append(
+                (
+                    "fleet.discovery.engine",
+                    f"engine {discovery.engine.value!r} differs from profile {discovery.model!r} engine "
+                    f"{profile.engine.value!r}",
+                )
+            )
 
     agents: Mapping[str, AgentSpec] = {}
     agents_dir = settings.fleet.agents_dir if settings is not None else None

@@ -1,5 +1,8 @@
 """Model profiles: one `models/<name>.toml` per served model -> `warmer.core.model.ModelProfile`.
 
+The profiles shipped with warmer (the repository's `models/`, inside the wheel as `warmer/models`) are
+the default set; a config's `fleet.models_dir` adds its own directory on top of them.
+
 A profile holds the facts about a model that change how it is warmed (running state, warm requests per
 prefix, cache block size, the restart warm-up recipe, how to render/tokenize when the engine cannot).
 The profile's name is its file stem, so two profiles can never share a name. Defaults come from the core
@@ -24,6 +27,7 @@ from warmer.core.model import (
     RestartRecipe,
     SampledRequest,
 )
+from warmer.shipped import shipped_dir
 
 # Default values of the domain types; the file format defaults to exactly these.
 _PROFILE = ModelProfile(name="defaults", engine=EngineKind.OPENAI)
@@ -202,4 +206,13 @@ def load_profiles(directory: Path, *, field: str = "fleet.models_dir") -> dict[s
             problems += exc.problems
     if problems:
         raise ConfigError(problems)
+    return profiles
+
+
+def load_profile_set(extra_dir: Path | None = None) -> dict[str, ModelProfile]:
+    """The shipped profiles, plus those of `extra_dir` (`fleet.models_dir`), which replace a shipped
+    profile of the same name: an operator can retune `dense-vllm` without copying the whole set."""
+    profiles = load_profiles(shipped_dir("models"), field="(shipped models)")
+    if extra_dir is not None:
+        profiles.update(load_profiles(extra_dir))
     return profiles

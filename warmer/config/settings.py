@@ -350,7 +350,15 @@ class LoggingSettings(_Section):
         ),
     )
 
-    @field_validator("level", mode="before")
+    libraries: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="WARNING",
+        description=(
+            "Lowest level written by httpx/httpcore and APScheduler, which log a line per engine request "
+            "and per timer tick at INFO. WARNING keeps their failures; the daemon logs state changes itself."
+        ),
+    )
+
+    @field_validator("level", "libraries", mode="before")
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
@@ -380,7 +388,8 @@ class HitRateSettings(_Section):
         ge=0,
         description=(
             "Prompt tokens a box must have looked up between two scrapes before its ratio is judged, so an "
-            "idle box with a few health checks or probes never alerts (about five calls' worth of prefix)."
+            "idle box with a few health checks or probes never alerts, and an alert clears once the box "
+            "goes idle (about five calls' worth of prefix)."
         ),
     )
 
@@ -468,7 +477,7 @@ class BoxSettings(_Section):
     )
     engine: EngineKind = Field(description="Engine dialect: sglang, vllm, llamacpp or openai.")
     model: str = Field(
-        min_length=1, description="Name of a model profile (a file `<models_dir>/<name>.toml`)."
+        min_length=1, description="Name of a model profile (shipped, or a file `<models_dir>/<name>.toml`)."
     )
     slots: int | None = Field(
         default=None,
@@ -522,10 +531,54 @@ class GatewaySettings(_Section):
         return _http_url(value, "url")
 
 
+class KubernetesDiscoverySettings(_Section):
+    """`[fleet.discovery]`: engine pods found through the Kubernetes API, next to the configured boxes."""
+
+    namespace: str = Field(min_length=1, description="Namespace of the engine pods.")
+    label_selector: str = Field(
+        min_length=1, description="Label selector of the engine pods, e.g. `app=sglang` (Kubernetes syntax)."
+    )
+    port: int = Field(ge=1, le=65535, description="The engines' HTTP port on each pod.")
+    scheme: Literal["http", "https"] = Field(default="http", description="How the engines are called.")
+    engine: EngineKind = Field(description="Engine dialect of every discovered pod.")
+    model: str = Field(min_length=1, description="Model profile of every discovered pod.")
+    slots: int | None = Field(default=None, ge=1, description="Slots per pod; unset: the profile's.")
+    group: str = Field(default="", description="Placement group of the discovered boxes.")
+    interval_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "Seconds between listings. A new pod is a box within this bound; the reconciler then warms it "
+            "before any route uses it, so a short interval costs one small API call and no traffic."
+        ),
+    )
+    api_url: str = Field(
+        default="https://kubernetes.default.svc",
+        description="The Kubernetes API server; the default is the in-cluster address.",
+    )
+    token_file: Path = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        description="Bearer token file (re-read on every listing: projected tokens rotate).",
+    )
+    ca_file: Path | None = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        description="CA bundle that signs the API server's certificate; unset: the system's trust store.",
+    )
+
+    @field_validator("api_url")
+    @classmethod
+    def _valid_api_url(cls, value: str) -> str:
+        return _http_url(value, "api_url")
+
+
 class FleetSettings(_Section):
-    models_dir: Path = Field(
-        default=Path("models"),
-        description="Profile directory (`<name>.toml` files); relative to the config file if set there.",
+    models_dir: Path | None = Field(
+        default=None,
+        description=(
+            "An extra model profile directory (`<name>.toml` files) on top of the profiles shipped with "
+            "warmer; a file here replaces the shipped profile of the same name. Unset = the shipped set "
+            "only. Relative to the config file if set there."
+        ),
     )
     agents_dir: Path | None = Field(
         default=None,
@@ -537,6 +590,10 @@ class FleetSettings(_Section):
     gateway: GatewaySettings | None = Field(
         default=None,
         description="Router to register warm boxes with and withdraw cold ones from; unset means none.",
+    )
+    discovery: KubernetesDiscoverySettings | None = Field(
+        default=None,
+        description="Engine pods discovered through the Kubernetes API, besides `boxes`; unset means none.",
     )
 
 

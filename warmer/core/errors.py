@@ -57,3 +57,7 @@ class GatewayError(WarmerError):
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class DiscoveryUnavailable(WarmerError):
+    """The service discovery backend (the Kubernetes API) did not answer with a usable listing."""

@@ -491,7 +491,8 @@ def box_ready(
         record = observed.warm.get((box_id, seen.epoch, prefix_hash))
         if record is None or not is_serving(record):
             state = record.state.value if record is not None else WarmState.COLD.value
-            reasons.append(f"prefix {prefix_hash} {state}")
+            agents = ", ".join(sorted(wants[prefix_hash].agent_ids))
+            reasons.append(f"agent {agents}: prefix {prefix_hash} {state}")
         elif record.warmed_at is not None:
             since = max(since, record.warmed_at)
     if reasons:
@@ -514,6 +515,22 @@ def ramp_weight(since: float, now: float, config: PlannerConfig) -> float:
 class Route:
     box_id: str
     weight: float  # (0, 1]: ramp fraction of full weight
+
+
+def agent_warmth(desired: Desired, observed: Observed) -> dict[tuple[str, str], bool]:
+    """(box, agent) -> whether the agent's current prefix is believed warm in the box's current epoch on a
+    healthy box, for every box the agent should be warm on or routed to (so a 0 always means missing
+    warmth, never a pair nobody wants)."""
+    routing = desired.routing if desired.routing is not None else desired.assignment
+    result: dict[tuple[str, str], bool] = {}
+    for agent_id, prefix in desired.agents.items():
+        for box_id in (*desired.assignment.get(agent_id, ()), *routing.get(agent_id, ())):
+            seen = observed.boxes.get(box_id)
+            record = None
+            if seen is not None and seen.healthy and seen.epoch is not None:
+                record = observed.warm.get((box_id, seen.epoch, prefix.hash))
+            result[(box_id, agent_id)] = record is not None and is_serving(record)
+    return result
 
 
 def routes(

@@ -32,6 +32,7 @@ from warmer.ports import StorePort
 from warmer.root.capacity import OfflineCallTokens, capacity_config, run_capacity_gauges
 from warmer.root.deploy import build_deploy_service
 from warmer.root.dialer import DialerWiring
+from warmer.root.discovery import run_discovery
 from warmer.root.engines import SystemClock, build_engine_dispatcher
 from warmer.root.frontdoor import (
     CurrentFleet,
@@ -191,7 +192,7 @@ class Daemon:
             on_task_failure=lambda name: metrics.root_task_failures.labels(task=name).inc(),
         )
         self.supervisor.add("api", self._serve_api)
-        if self.boxes:  # nothing to reconcile or time without a fleet
+        if self.boxes or settings.fleet.discovery is not None:  # nothing to reconcile without a fleet
             self.supervisor.add("reconciler", self._run_reconciler)
             self.supervisor.add("scheduler", self._run_scheduler)
             if self.dialer.schedule is not None:
@@ -200,6 +201,8 @@ class Daemon:
             self.supervisor.add("capacity", self._run_capacity_gauges)
             if settings.fleet.gateway is not None:
                 self.supervisor.add("gateway-sync", self._run_gateway_sync)
+            if settings.fleet.discovery is not None:
+                self.supervisor.add("discovery", self._run_discovery)
         self.api.add_middleware(RequestMetricsMiddleware, observer=metrics.http)
 
     def _fleet_changed(self, boxes: Sequence[BoxSpec]) -> None:
@@ -232,6 +235,12 @@ class Daemon:
         finally:
             self.reconciler = None
 
+    async def _run_discovery(self, stopping: asyncio.Event) -> None:
+        """Engine pods from the Kubernetes API join and leave the running fleet."""
+        discovery = self.settings.fleet.discovery
+        assert discovery is not None  # only added when configured
+        await run_discovery(discovery, self.profiles, lambda: self.reconciler, self._fleet_changed, stopping)
+
     async def _run_gateway_sync(self, stopping: asyncio.Event) -> None:
         """Register ready boxes with `[fleet.gateway]`, withdraw the others (a router outage is retried)."""
         gateway = self.settings.fleet.gateway
@@ -256,6 +265,7 @@ class Daemon:
             config=hitrate_config(self.settings),
             observer=self.metrics.hitrate,
             suspects=ReconcilerSuspects(lambda: self.reconciler),
+            ready_boxes=lambda: self.reconciler.ready_box_ids() if self.reconciler is not None else None,
         )
         self.hitrate_monitor = monitor
         try:
@@ -297,6 +307,8 @@ class Daemon:
     async def _check_readiness(self) -> Readiness:
         if not self.started or self._store is None:
             return Readiness(False, "starting")
+        if self.supervisor.stop_reason is not None:  # draining: traffic should leave before the API does
+            return Readiness(False, f"stopping ({self.supervisor.stop_reason})")
         try:
             await asyncio.wait_for(self._store.ping(), READINESS_DB_TIMEOUT_SECONDS)
         except TimeoutError:
@@ -372,6 +384,7 @@ class Daemon:
             code = await self.supervisor.run(handle_signals=handle_signals)
         finally:
             self.metrics.up.set(0)
+            self.metrics.ready.set(0)
             store, self._store = self._store, None
             await store.close()
             await self.http.aclose()
@@ -381,13 +394,13 @@ class Daemon:
 
 class _DaemonStatus:
     """Status answers while the reconciler runs; 503 (StatusUnavailable) before and after. A daemon
-    without boxes answers with an empty fleet."""
+    without boxes (configured or discovered) answers with an empty fleet."""
 
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
 
     def _service(self) -> StatusQueries | None:
-        if not self._daemon.boxes:
+        if not self._daemon.boxes and self._daemon.settings.fleet.discovery is None:
             return None
         reconciler, store = self._daemon.reconciler, self._daemon._store
         if reconciler is None or store is None:

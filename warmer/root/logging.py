@@ -2,7 +2,11 @@
 
 JSON lines when stderr is not a terminal (journald, Kubernetes), a readable console otherwise. Context
 such as box, agent and epoch is bound with `structlog.contextvars.bound_contextvars(box=...)` and merged
-into every line logged inside that block. Secrets are masked by a processor before rendering.
+into every line logged inside that block. Secrets are masked by a processor before rendering; counts
+under credential-like words (`queried_tokens=5000`) are numbers, never secrets, and stay visible.
+
+Libraries that log a line per HTTP request (httpx, httpcore) or per timer tick (APScheduler) are held at
+`library_level` (WARNING by default): the daemon logs state changes itself, with their causes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from structlog.typing import EventDict, Processor, WrappedLogger
 MASK = "**********"
 # Keys whose values are credentials whatever their type.
 _SECRET_KEYS = re.compile(r"(pass(word)?|secret|token|authorization|api[_-]?key|credential)", re.IGNORECASE)
+# Loggers that write one line per engine request or per scheduler tick at INFO.
+NOISY_LIBRARY_LOGGERS = ("httpx", "httpcore", "apscheduler")
+_ALWAYS_SECRET_KEYS = re.compile(r"(pass(word)?|secret|authorization|api[_-]?key|credential)", re.IGNORECASE)
 # `scheme://user:password@host` -> keep the user, drop the password.
 _URL_PASSWORD = re.compile(
     r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<password>[^@\s]+)(?=@)", re.IGNORECASE
@@ -32,20 +39,32 @@ def _masked(value: Any) -> Any:
     if isinstance(value, str):
         return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, value)
     if isinstance(value, Mapping):
-        return {key: MASK if _is_secret_key(key) else _masked(item) for key, item in value.items()}
+        return {key: MASK if _hides_secret(key, item) else _masked(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_masked(item) for item in value]
     return value
 
 
-def _is_secret_key(key: object) -> bool:
-    return isinstance(key, str) and bool(_SECRET_KEYS.search(key))
+def _is_count(value: object) -> bool:
+    """A number, or a list of them (token counts, token ids): what `*_tokens` keys carry."""
+    if isinstance(value, list | tuple):
+        return bool(value) and all(_is_count(item) for item in value)
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _hides_secret(key: object, value: object) -> bool:
+    """A value under a credential-like key. "token" is also the LLM's unit: a count under it
+    (`queried_tokens=5000`, `prefix_tokens=[1, 2]`) is shown; a password-like key is masked whatever it
+    holds."""
+    if value is None or not isinstance(key, str) or not _SECRET_KEYS.search(key):
+        return False
+    return not (_is_count(value) and not _ALWAYS_SECRET_KEYS.search(key))
 
 
 def redact_secrets(_logger: WrappedLogger, _method: str, event_dict: EventDict) -> EventDict:
     """Mask secret-typed values, values under credential-like keys, and passwords inside URLs."""
     for key, value in list(event_dict.items()):
-        event_dict[key] = MASK if _is_secret_key(key) and value is not None else _masked(value)
+        event_dict[key] = MASK if _hides_secret(key, value) else _masked(value)
     return event_dict
 
 
@@ -60,8 +79,11 @@ def configure_logging(
     level: str = "INFO",
     fmt: Literal["auto", "json", "console"] = "auto",
     stream: TextIO | None = None,
+    library_level: str = "WARNING",
 ) -> None:
-    """Route structlog and stdlib logging to `stream` (stderr) in one format. Call once per process."""
+    """Route structlog and stdlib logging to `stream` (stderr) in one format. Call once per process.
+
+    `library_level` applies to NOISY_LIBRARY_LOGGERS (never below `level`)."""
     stream = stream if stream is not None else sys.stderr
     level_number = logging.getLevelNamesMapping()[level.upper()]
     as_json = _use_json(fmt, stream)
@@ -95,6 +117,10 @@ def configure_logging(
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
 
+    library_number = max(level_number, logging.getLevelNamesMapping()[library_level.upper()])
+    for name in NOISY_LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(library_number)
+
     structlog.configure(
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
@@ -109,4 +135,4 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     return logger
 
 
-__all__ = ["MASK", "configure_logging", "get_logger", "redact_secrets"]
+__all__ = ["MASK", "NOISY_LIBRARY_LOGGERS", "configure_logging", "get_logger", "redact_secrets"]

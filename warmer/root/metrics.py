@@ -7,14 +7,18 @@ what this daemon registered. Features add their counters and gauges as attribute
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 import warmer
 from warmer.core.capacity import AgentCapacity, BoxCapacity
+
+# `*_created` series (one per counter/histogram child) double the series count and no dashboard or alert
+# of ours reads them. The switch is process-wide in prometheus_client, as is this module.
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 
 class Metrics:
@@ -29,7 +33,10 @@ class Metrics:
         self.build_info.info({"version": warmer.__version__})
         self.up = Gauge("warmer_up", "1 while the daemon is started and serving.", registry=self.registry)
         self.ready = Gauge(
-            "warmer_ready", "1 when the daemon is started and its database reachable.", registry=self.registry
+            "warmer_ready",
+            "1 while the daemon is started, not stopping, and its database answered the last check "
+            "(made on every /readyz and every /metrics scrape).",
+            registry=self.registry,
         )
         self.root_task_failures = Counter(
             "warmer_root_task_failures",
@@ -54,6 +61,13 @@ class ReconcileMetrics:
             ["kind", "reason", "outcome"],
             registry=registry,
         )
+        self.warm_prompt_tokens = Counter(
+            "warmer_warm_prompt_tokens",
+            "Prompt tokens the daemon itself sent in warm and probe requests (prefix tokens x requests), "
+            "per box: its own load on the engines, to set against the calls' prefill.",
+            ["box"],
+            registry=registry,
+        )
         self.verify_seconds = Histogram(
             "warmer_warm_verify_seconds",
             "Wall seconds of one warm-and-verify or probe, engine round trips included.",
@@ -69,6 +83,22 @@ class ReconcileMetrics:
             registry=registry,
         )
         self.boxes_ready = Gauge("warmer_boxes_ready", "Boxes ready for traffic now.", registry=registry)
+        self.box_ready_state = Gauge(
+            "warmer_box_ready",
+            "1 while the box is ready for traffic (restart warm-up done, its agents' prefixes warm in its "
+            "current epoch), else 0; one series per fleet box.",
+            ["box"],
+            registry=registry,
+        )
+        self.box_agent_warm = Gauge(
+            "warmer_box_agent_warm",
+            "1 while the agent's current prefix is verified warm on the box in its current epoch, else 0; "
+            "one series per box the agent is assigned or routed to.",
+            ["box", "agent"],
+            registry=registry,
+        )
+        self._ready_labels: set[str] = set()
+        self._warm_labels: set[tuple[str, str]] = set()
         self.prefixes_warm = Gauge(
             "warmer_prefixes_warm",
             "(box, prefix) pairs verified warm in the boxes' current epochs.",
@@ -105,6 +135,9 @@ class ReconcileMetrics:
         self.warm_requests.labels(kind=kind, reason=reason, outcome=outcome).inc()
         self.verify_seconds.labels(kind=kind).observe(seconds)
 
+    def warm_tokens(self, box_id: str, tokens: int) -> None:
+        self.warm_prompt_tokens.labels(box=box_id).inc(max(0, tokens))
+
     def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None:
         self.phase_seconds.labels(phase=phase, ok=str(ok).lower()).observe(seconds)
 
@@ -115,6 +148,18 @@ class ReconcileMetrics:
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         self.boxes_ready.set(boxes_ready)
         self.prefixes_warm.set(prefixes_warm)
+
+    def box_states(self, ready: Mapping[str, bool], agent_warm: Mapping[tuple[str, str], bool]) -> None:
+        for box_id in self._ready_labels - set(ready):  # left the fleet: no series stuck at its last value
+            self.box_ready_state.remove(box_id)
+        for box_id, agent_id in self._warm_labels - set(agent_warm):
+            self.box_agent_warm.remove(box_id, agent_id)
+        for box_id, is_ready in ready.items():
+            self.box_ready_state.labels(box=box_id).set(1 if is_ready else 0)
+        for (box_id, agent_id), is_warm in agent_warm.items():
+            self.box_agent_warm.labels(box=box_id, agent=agent_id).set(1 if is_warm else 0)
+        self._ready_labels = set(ready)
+        self._warm_labels = set(agent_warm)
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         self.tokenizer_drift_ratio.labels(agent=agent_id, model=model).set(change)
@@ -179,6 +224,14 @@ class HitRateMetrics:
             ["box"],
             registry=registry,
         )
+        self.prompt_tokens = Counter(
+            "warmer_engine_prompt_tokens",
+            "Prompt tokens each box's engine reported between scrapes of its own counters, by whether they "
+            "came from the prefix cache (cached=true) or were prefilled (cached=false); calls and the "
+            "daemon's own warms alike.",
+            ["box", "cached"],
+            registry=registry,
+        )
         self.scrapes = Counter(
             "warmer_cache_scrapes",
             "Scrapes of engine cache counters, by outcome (ok, failed, unsupported).",
@@ -191,6 +244,11 @@ class HitRateMetrics:
 
     def alert(self, box_id: str, below_threshold: bool) -> None:
         self.below.labels(box=box_id).set(1 if below_threshold else 0)
+
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
+        hit = min(max(0.0, hit_tokens), max(0.0, queried_tokens))
+        self.prompt_tokens.labels(box=box_id, cached="true").inc(hit)
+        self.prompt_tokens.labels(box=box_id, cached="false").inc(max(0.0, queried_tokens) - hit)
 
     def scrape_finished(self, box_id: str, outcome: str) -> None:
         self.scrapes.labels(outcome=outcome).inc()

@@ -51,6 +51,11 @@ class Supervisor:
         self._tasks[name] = task
 
     @property
+    def task_names(self) -> tuple[str, ...]:
+        """The registered root tasks, in start order."""
+        return tuple(self._tasks)
+
+    @property
     def stop_reason(self) -> str | None:
         return self._stop_reason
 

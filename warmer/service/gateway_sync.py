@@ -168,6 +168,10 @@ class GatewaySync:
         return self._finish(report, started)
 
     async def _change(self, box: BoxSpec, *, register: bool) -> str | None:
+        with structlog.contextvars.bound_contextvars(box=box.id):
+            return await self._change_worker(box, register=register)
+
+    async def _change_worker(self, box: BoxSpec, *, register: bool) -> str | None:
         """Add or remove one worker; returns the error text instead of raising (the pass goes on)."""
         action = "register" if register else "deregister"
         try:

@@ -6,13 +6,18 @@ several times the prefill work. So every `poll_seconds` each box's cumulative ca
 (`warmer.core.hitrate`):
 
 * fewer than `min_tokens_per_window` prompt tokens in the window: no judgement (an idle box with a few
-  health checks or probes must not alert), the alert state stays as it was;
+  health checks or probes must not alert), and an alert still raised is cleared: a box that serves no
+  calls wastes no prefill, and a stale alert on it would only page someone for nothing;
 * counters went down (the engine restarted): the window is only a new baseline. The traffic since a
   restart is dominated by the restart warm-up, which is cold by design; the alert of the old process is
   cleared (the reconciler re-warms the new one and keeps it out of routes until verified);
 * below the threshold: the box alerts. A structured log event is written once per crossing (not every
   pass), the alert gauge goes to 1, and the box is reported as suspect, so the reconciler probes its warm
   prefixes (an eviction shows up there as a cold probe and a re-warm); back at or above: cleared, logged.
+
+* the box was not ready for traffic at either end of the window (given `ready_boxes`): no judgement and
+  the alert state stays as it was. Such a window holds warmer's own traffic, a restart warm-up (cold by
+  design) or the first warm of a prefix (one cold prefill each), which says nothing about the calls.
 
 A scrape failure is logged once per streak and counted; it never ends the daemon.
 
@@ -59,6 +64,11 @@ class HitRateObserver(Protocol):
 
     def alert(self, box_id: str, below_threshold: bool) -> None: ...
 
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
+        """Prompt tokens the engine reported between two scrapes of one process (every window, judged
+        or not), and how many of them came from its prefix cache."""
+        ...
+
     def scrape_finished(self, box_id: str, outcome: str) -> None:
         """`outcome`: ok, failed, unsupported."""
         ...
@@ -69,6 +79,9 @@ class NullHitRateObserver:
         return None
 
     def alert(self, box_id: str, below_threshold: bool) -> None:
+        return None
+
+    def window_tokens(self, box_id: str, queried_tokens: float, hit_tokens: float) -> None:
         return None
 
     def scrape_finished(self, box_id: str, outcome: str) -> None:
@@ -114,6 +127,7 @@ class _BoxState:
     alerting: bool = False
     failing: bool = False
     unsupported: bool = False
+    ready_at_baseline: bool = True
 
 
 class HitRateMonitor:
@@ -128,13 +142,17 @@ class HitRateMonitor:
         config: HitRateConfig | None = None,
         observer: HitRateObserver | None = None,
         suspects: SuspectSink | None = None,
+        ready_boxes: Callable[[], set[str] | None] | None = None,
     ) -> None:
+        """`ready_boxes`: the boxes ready for traffic now (None: not known yet); windows of a box that was
+        not ready at either end are not judged. Without it every window is judged."""
         self._engine = engine
         self._fleet = fleet  # read every pass: boxes may be added or removed while the daemon runs
         self._clock = clock
         self._config = config or HitRateConfig()
         self._observer: HitRateObserver = observer or NullHitRateObserver()
         self._suspects = suspects
+        self._ready_boxes = ready_boxes
         self._state: dict[str, _BoxState] = {}
         self._log = structlog.stdlib.get_logger(__name__)
 
@@ -163,6 +181,10 @@ class HitRateMonitor:
         return {result.box_id: result for result in results}
 
     async def _scrape_box(self, box: BoxSpec) -> BoxHitRate:
+        with structlog.contextvars.bound_contextvars(box=box.id):
+            return await self._scrape_and_judge(box)
+
+    async def _scrape_and_judge(self, box: BoxSpec) -> BoxHitRate:
         state = self._state.setdefault(box.id, _BoxState())
         try:
             stats = await self._engine.cache_stats(box)
@@ -184,6 +206,7 @@ class HitRateMonitor:
         state.failing = state.unsupported = False
         scraped_at = self._clock.monotonic()
         baseline, state.baseline = state.baseline, stats
+        ready_before, state.ready_at_baseline = state.ready_at_baseline, self._is_ready(box.id)
         baseline_at, state.baseline_at = state.baseline_at, scraped_at
         if baseline is None:
             return BoxHitRate(box.id, HitRateStatus.NO_DATA, None, None, state.alerting)
@@ -193,6 +216,12 @@ class HitRateMonitor:
             if state.alerting:
                 self._set_alert(box, state, False, None, None, why="engine restarted")
             return BoxHitRate(box.id, HitRateStatus.NO_DATA, None, None, False, counters_reset=True)
+        if window.queried_tokens is not None and window.hit_tokens is not None:
+            self._observer.window_tokens(box.id, window.queried_tokens, window.hit_tokens)
+        if not (ready_before and state.ready_at_baseline):  # warmer's own warm-up traffic: not the calls'
+            return BoxHitRate(
+                box.id, HitRateStatus.NO_DATA, window.hit_rate, window.queried_tokens, state.alerting
+            )
         check = check_hit_rate(
             window, threshold=self._config.threshold, min_queried_tokens=self._config.min_tokens_per_window
         )
@@ -201,7 +230,17 @@ class HitRateMonitor:
             below = check.status is HitRateStatus.BELOW_THRESHOLD
             if below != state.alerting:
                 self._set_alert(box, state, below, check.hit_rate, window.queried_tokens, why="window judged")
+        elif state.alerting:
+            self._set_alert(
+                box, state, False, None, window.queried_tokens, why="idle: too little traffic to judge"
+            )
         return BoxHitRate(box.id, check.status, window.hit_rate, window.queried_tokens, state.alerting)
+
+    def _is_ready(self, box_id: str) -> bool:
+        if self._ready_boxes is None:
+            return True
+        ready = self._ready_boxes()
+        return ready is not None and box_id in ready
 
     def _set_alert(
         self,

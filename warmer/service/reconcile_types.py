@@ -48,11 +48,20 @@ class ReconcileObserver(Protocol):
         """`kind` is warm or probe; `outcome` verified, failed or cold."""
         ...
 
+    def warm_tokens(self, box_id: str, tokens: int) -> None:
+        """Prompt tokens the daemon itself sent to the box in one warm or probe (prefix x requests)."""
+        ...
+
     def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None: ...
 
     def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None: ...
 
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None: ...
+
+    def box_states(self, ready: Mapping[str, bool], agent_warm: Mapping[tuple[str, str], bool]) -> None:
+        """Every fleet box's readiness and every wanted (box, agent) warmth, after each pass: the full
+        set, so a box or agent that left the fleet disappears from the report."""
+        ...
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         """The agent's prefix text now tokenizes to `change` (relative, e.g. +0.08) more tokens than
@@ -66,6 +75,9 @@ class NullObserver:
     def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
         return None
 
+    def warm_tokens(self, box_id: str, tokens: int) -> None:
+        return None
+
     def phase_finished(self, box_id: str, phase: str, ok: bool, seconds: float) -> None:
         return None
 
@@ -73,6 +85,9 @@ class NullObserver:
         return None
 
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
+        return None
+
+    def box_states(self, ready: Mapping[str, bool], agent_warm: Mapping[tuple[str, str], bool]) -> None:
         return None
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:

@@ -66,6 +66,7 @@ from warmer.core.planner import (
     WarmKey,
     WarmPrefix,
     WarmupStatus,
+    agent_warmth,
     box_ready,
     plan,
     refill,
@@ -837,6 +838,7 @@ class Reconciler:
             self._pins.pop(key, None)
         verdict = "verified" if outcome.verified else ("cold" if kind == "probe" else "failed")
         self._observer.warm_finished(box_id, kind, reason, verdict, outcome.wall_seconds)
+        self._observer.warm_tokens(box_id, outcome.prefix_tokens * outcome.requests_sent)
         if not outcome.verified:
             self._log.warning(f"{kind} not verified", box=box_id, prefix=key[2], reason=outcome.reason)
         return updated
@@ -852,9 +854,11 @@ class Reconciler:
         now = self._clock.now()
         observed = self._observed(for_routes=True)
         ready_boxes = 0
+        ready_by_box: dict[str, bool] = {}
         for box_id, live in self._live.items():
             readiness = box_ready(box_id, desired, observed, now, self._config.planner)
             ready_boxes += readiness.ready
+            ready_by_box[box_id] = readiness.ready
             if not readiness.ready or live.ready_report is not None or live.epoch is None:
                 continue
             since_mono = (
@@ -915,6 +919,7 @@ class Reconciler:
             )
         warm = sum(1 for r in observed.warm.values() if is_serving(r))
         self._observer.fleet_state(ready_boxes, warm)
+        self._observer.box_states(ready_by_box, agent_warmth(desired, observed))
 
     # ------------------------------------------------------------------------------------------- views
 

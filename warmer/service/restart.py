@@ -24,6 +24,8 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+import structlog
+
 from warmer.core.errors import EngineError, NotSupported
 from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName, PhaseRecord, RestartRecipe
 from warmer.ports import Clock, EnginePort, StorePort
@@ -114,8 +116,16 @@ class RestartWarmup:
     async def run(
         self, box: BoxSpec, profile: ModelProfile, epoch: str, *, longest_prefix: int | None = None
     ) -> RestartOutcome:
-        """`longest_prefix`: the longest stable prefix the box's model serves, in tokens (sizes the long
-        prefill when the recipe does not fix it)."""
+        """The profile's restart recipe on `box`. `longest_prefix`: the longest stable prefix the box's
+        model serves, in tokens (sizes the long prefill when the recipe does not fix it). Every line logged
+        meanwhile (engine adapters, httpx) is tagged with the box and epoch through structlog's
+        contextvars, bursts included."""
+        with structlog.contextvars.bound_contextvars(box=box.id, epoch=epoch):
+            return await self._run(box, profile, epoch, longest_prefix)
+
+    async def _run(
+        self, box: BoxSpec, profile: ModelProfile, epoch: str, longest_prefix: int | None
+    ) -> RestartOutcome:
         recipe = profile.restart
         started = self._clock.monotonic()
         phases: list[PhaseRecord] = []

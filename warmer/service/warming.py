@@ -19,6 +19,8 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import structlog
+
 from warmer.core.errors import EngineError
 from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, ModelProfile, Prefix
 from warmer.core.warmstate import hit_granularity, is_verified
@@ -129,7 +131,14 @@ class WarmExecutor:
     ) -> WarmOutcome:
         """Warm `prefix` on `box` (every data-parallel rank) and probe until the engine reports the hit
         (bounded); verified only when every rank showed it. `slot` pins every request to that engine slot
-        (see `EnginePort.complete_prefix`)."""
+        (see `EnginePort.complete_prefix`). Lines logged meanwhile carry the box and prefix (structlog
+        contextvars)."""
+        with structlog.contextvars.bound_contextvars(box=box.id, prefix=prefix.hash):
+            return await self._warm_and_verify(box, profile, prefix, slot)
+
+    async def _warm_and_verify(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, slot: int | None
+    ) -> WarmOutcome:
         run, ranks = await self._start(box, profile, prefix, slot)
         rounds = self._max_rounds if profile.running_state else 1
         try:
@@ -163,6 +172,12 @@ class WarmExecutor:
     ) -> WarmOutcome:
         """One probe (per data-parallel rank): is the prefix still cached? (It also touches it, like any
         request would.)"""
+        with structlog.contextvars.bound_contextvars(box=box.id, prefix=prefix.hash):
+            return await self._probe(box, profile, prefix, slot)
+
+    async def _probe(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, slot: int | None
+    ) -> WarmOutcome:
         run, ranks = await self._start(box, profile, prefix, slot)
         run.rounds = 1
         try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -13,16 +11,16 @@ from sqlalchemy.exc import OperationalError
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from warmer.adapters.store.engine import WRITE_OPTION, create_store_engine
+from warmer.shipped import shipped_dir
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 # Arbitrary constant: replicas starting together on one PostgreSQL take turns migrating.
 _PG_MIGRATION_LOCK_KEY = 0x7761726D  # "warm"
 
 
 def alembic_config() -> Config:
-    """An Alembic config pointing at the migrations shipped inside the package."""
+    """An Alembic config pointing at the shipped migrations (inside the wheel, or the checkout's root)."""
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(shipped_dir("migrations")))
     return config
 
 

@@ -1,0 +1,193 @@
+"""Builds deploy/grafana/warmer.json, the Grafana dashboard for warmer, with Grafana's own Foundation SDK
+(typed builders of the dashboard schema), so the JSON is generated, never hand-edited.
+
+    python deploy/grafana/build.py          # rewrites warmer.json next to this file
+
+tests/unit/test_grafana_dashboard.py checks the committed JSON is this builder's output and that every
+query reads metrics warmer really exports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, Row
+from grafana_foundation_sdk.builders.prometheus import Dataquery
+from grafana_foundation_sdk.builders.stat import Panel as Stat
+from grafana_foundation_sdk.builders.statetimeline import Panel as StateTimeline
+from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+OUTPUT = Path(__file__).resolve().parent / "warmer.json"
+UID = "warmer"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+RATE = "$__rate_interval"
+
+
+def _p95(bucket: str, by: str) -> str:
+    return f"histogram_quantile(0.95, sum by ({by}, le) (rate({bucket}[{RATE}])))"
+
+
+def _query(expr: str, legend: str) -> Dataquery:
+    return Dataquery().expr(expr).legend_format(legend)
+
+
+def _series(title: str, description: str, unit: str, *queries: Dataquery, width: int = 12) -> Timeseries:
+    panel = Timeseries().title(title).description(description).unit(unit).datasource(DATASOURCE)
+    panel = panel.span(width).height(8)
+    for index, query in enumerate(queries):
+        panel = panel.with_target(query.ref_id(chr(ord("A") + index)))
+    return panel
+
+
+def _stat(title: str, description: str, expr: str) -> Stat:
+    panel = Stat().title(title).description(description).datasource(DATASOURCE).span(6).height(4)
+    return panel.with_target(_query(expr, title).ref_id("A"))
+
+
+def dashboard() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model."""
+    builder = (
+        Dashboard("warmer")
+        .uid(UID)
+        .description("Prefix warmth, readiness and hit rate per box and agent; warmer's own API and load.")
+        .tags(["warmer", "llm", "kv-cache"])
+        .refresh("30s")
+        .time("now-6h", "now")
+        .timezone("browser")
+        .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+        .with_row(Row("Fleet"))
+        .with_panel(_stat("Boxes ready", "Boxes traffic may use now.", "sum(warmer_boxes_ready)"))
+        .with_panel(_stat("Prefixes warm", "(box, prefix) pairs verified warm.", "sum(warmer_prefixes_warm)"))
+        .with_panel(
+            _stat("Daemon ready", "1 when every replica is ready (database reachable).", "min(warmer_ready)")
+        )
+        .with_panel(
+            _stat(
+                "Root task failures (1h)",
+                "Root tasks that ended on their own: each one stopped a daemon.",
+                "sum(increase(warmer_root_task_failures_total[1h]))",
+            )
+        )
+        .with_row(Row("Boxes"))
+        .with_panel(
+            StateTimeline()
+            .title("Ready per box")
+            .description("1 = ready for traffic (restart warm-up done, its agents' prefixes warm).")
+            .datasource(DATASOURCE)
+            .span(12)
+            .height(8)
+            .with_target(_query("max by (box) (warmer_box_ready)", "{{box}}").ref_id("A"))
+        )
+        .with_panel(
+            _series(
+                "Prefixes warming per box",
+                "Agent prefixes a box should hold that are not warm yet in its current epoch.",
+                "short",
+                _query("sum by (box) (1 - warmer_box_agent_warm)", "{{box}}"),
+            )
+        )
+        .with_panel(
+            _series(
+                "Cache hit rate per box",
+                "Share of prompt tokens the engine served from its prefix cache between two scrapes; "
+                "the alert fires below hitrate.threshold.",
+                "percentunit",
+                _query("max by (box) (warmer_box_cache_hit_ratio)", "{{box}}"),
+                _query("max by (box) (warmer_box_hit_rate_below_threshold)", "{{box}} below threshold"),
+            )
+        )
+        .with_panel(
+            _series(
+                "Time to ready per box",
+                "Last epoch: health up to ready (wall), and the engine's own share of it.",
+                "s",
+                _query("max by (box) (warmer_time_to_ready_seconds)", "{{box}} time to ready"),
+                _query("max by (box) (warmer_warmup_engine_seconds)", "{{box}} engine"),
+            )
+        )
+        .with_row(Row("Agents"))
+        .with_panel(
+            _series(
+                "Routed boxes per agent",
+                "Boxes where the agent's current prefix is warm in the box's current epoch: its routes.",
+                "short",
+                _query("sum by (agent) (max by (agent, box) (warmer_box_agent_warm))", "{{agent}}"),
+            )
+        )
+        .with_panel(
+            _series(
+                "Warm traffic vs call prefill",
+                "Prompt tokens per second: warmer's own warms and probes against what the engines "
+                "prefilled (cache misses) and served from cache (both include warmer's requests).",
+                "short",
+                _query(f"sum(rate(warmer_warm_prompt_tokens_total[{RATE}]))", "warmer warms"),
+                _query(
+                    f'sum(rate(warmer_engine_prompt_tokens_total{{cached="false"}}[{RATE}]))', "prefilled"
+                ),
+                _query(
+                    f'sum(rate(warmer_engine_prompt_tokens_total{{cached="true"}}[{RATE}]))', "from cache"
+                ),
+            )
+        )
+        .with_panel(
+            _series(
+                "Warms and probes by outcome",
+                "Warm and probe requests finished per second.",
+                "reqps",
+                _query(
+                    f"sum by (kind, outcome) (rate(warmer_warm_requests_total[{RATE}]))",
+                    "{{kind}} {{outcome}}",
+                ),
+            )
+        )
+        .with_panel(
+            _series(
+                "Warm verify latency (p95)",
+                "Wall seconds of one warm-and-verify or probe, engine round trips included.",
+                "s",
+                _query(
+                    _p95("warmer_warm_verify_seconds_bucket", "kind"),
+                    "{{kind}}",
+                ),
+            )
+        )
+        .with_row(Row("API"))
+        .with_panel(
+            _series(
+                "API requests by route and status",
+                "Requests answered per second, by route template and status class.",
+                "reqps",
+                _query(
+                    f"sum by (route, status) (rate(warmer_http_requests_total[{RATE}]))",
+                    "{{route}} {{status}}",
+                ),
+            )
+        )
+        .with_panel(
+            _series(
+                "API latency by route (p95)",
+                "Seconds to answer, by route template.",
+                "s",
+                _query(
+                    _p95("warmer_http_request_seconds_bucket", "route"),
+                    "{{route}}",
+                ),
+            )
+        )
+    )
+    encoded: dict[str, Any] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    return encoded
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    OUTPUT.write_text(render())
+    sys.stdout.write(f"wrote {OUTPUT}\n")

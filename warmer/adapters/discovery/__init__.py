@@ -1,0 +1,5 @@
+"""Where engine boxes are found at run time, besides the configured list."""
+
+from warmer.adapters.discovery.kubernetes import KubernetesPods, PodTemplate
+
+__all__ = ["KubernetesPods", "PodTemplate"]

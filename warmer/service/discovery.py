@@ -1,0 +1,130 @@
+"""Fleet discovery: boxes found at run time (e.g. engine pods on Kubernetes) join and leave the running
+fleet, next to the configured ones.
+
+Every `interval_seconds` the source is listed and compared with the boxes this discovery added: new ones
+are added (the reconciler warms them before any route uses them), vanished ones removed, and one whose
+address changed (a pod re-created under the same name) is replaced. Configured boxes and boxes added by
+deploy events are never touched. A failed listing changes nothing: an API outage must not empty the
+fleet. After a daemon restart the first listing brings the discovered boxes back; their warm state is
+re-verified like any box's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from warmer.core.errors import ConfigError, DiscoveryUnavailable
+from warmer.core.model import BoxSpec
+from warmer.ports import Clock
+
+
+class BoxSource(Protocol):
+    """Where boxes are discovered (the Kubernetes adapter implements it)."""
+
+    async def list_boxes(self) -> Sequence[BoxSpec]: ...
+
+
+class FleetEditor(Protocol):
+    """The running fleet (the reconciler)."""
+
+    def fleet(self) -> Mapping[str, BoxSpec]: ...
+
+    async def add_box(self, box: BoxSpec) -> None: ...
+
+    async def remove_box(self, box_id: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryReport:
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = field(default=())  # found, but the id is taken by another box
+    error: str | None = None
+
+
+class FleetDiscovery:
+    def __init__(
+        self,
+        *,
+        source: BoxSource,
+        fleet: Callable[[], FleetEditor | None],
+        clock: Clock,
+        interval_seconds: float,
+        on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
+    ) -> None:
+        if interval_seconds <= 0:
+            raise ValueError("interval_seconds must be > 0")
+        self._source = source
+        self._fleet = fleet
+        self._clock = clock
+        self._interval = interval_seconds
+        self._on_fleet_change = on_fleet_change
+        self._owned: dict[str, BoxSpec] = {}
+        self._failing = False
+        self._log = structlog.stdlib.get_logger(__name__)
+
+    @property
+    def discovered(self) -> Mapping[str, BoxSpec]:
+        return dict(self._owned)
+
+    async def sync_once(self) -> DiscoveryReport:
+        editor = self._fleet()
+        if editor is None:
+            return DiscoveryReport(error="the reconciler is not running")
+        try:
+            found = {box.id: box for box in await self._source.list_boxes()}
+        except DiscoveryUnavailable as exc:
+            if not self._failing:
+                self._log.warning("discovery failed: fleet kept as it is", error=str(exc))
+            self._failing = True
+            return DiscoveryReport(error=str(exc))
+        if self._failing:
+            self._log.info("discovery answers again")
+        self._failing = False
+        removed: list[str] = []
+        for box_id, box in list(self._owned.items()):
+            if found.get(box_id) != box:
+                await self._remove(editor, box_id)
+                removed.append(box_id)
+        added, skipped = [], []
+        for box_id, box in found.items():
+            if box_id in self._owned:
+                continue
+            if box_id in editor.fleet():
+                skipped.append(box_id)
+                continue
+            try:
+                await editor.add_box(box)
+            except ConfigError as exc:
+                self._log.warning("discovered box refused", box=box_id, error=str(exc))
+                skipped.append(box_id)
+                continue
+            self._owned[box_id] = box
+            added.append(box_id)
+            self._log.info("discovered box added", box=box_id, url=box.base_url)
+        if (added or removed) and self._on_fleet_change is not None:
+            self._on_fleet_change(list(editor.fleet().values()))
+        return DiscoveryReport(tuple(added), tuple(removed), tuple(skipped))
+
+    async def _remove(self, editor: FleetEditor, box_id: str) -> None:
+        box = self._owned.pop(box_id)
+        if box_id in editor.fleet():
+            await editor.remove_box(box_id)
+        self._log.info("discovered box removed", box=box_id, url=box.base_url)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """The root task: a listing now, then every interval until asked to stop."""
+        while not stopping.is_set():
+            await self.sync_once()
+            sleeper = asyncio.ensure_future(self._clock.sleep(self._interval))
+            waiter = asyncio.ensure_future(stopping.wait())
+            try:
+                await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waiter.cancel()
