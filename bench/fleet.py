@@ -9,8 +9,9 @@ with pauses) is replayed while every box is restarted once, one at a time, half-
 - precall_prewarm: before each call its agent's stable prefix, max_tokens 1, through the cache_aware
   router (what a naive pre-call hook does), then the call through the same router;
 - warmer: a real `warmer serve` on a generated config; each call asks `POST /v1/prewarm` (its call_id)
-  and sends its turns to the answered `base_url`; the bench sends signed `rollout.started` /
-  `rollout.finished` deploy events around each box restart;
+  and sends its turns to the answered `base_url`, in the answered llama-server `slot` (`id_slot`); the
+  bench sends signed `rollout.started` / `rollout.finished` deploy events around each box restart and,
+  like a deploy pipeline, restarts a box once warmer reports it drained (at most 30 s);
 - warmer_nowebhook: the same without the webhook (warmer finds the restarts itself).
 
 Turns stream from llama-server's `/v1/completions` (the prompt rendered by warmer's own offline renderer,
@@ -671,6 +672,22 @@ async def send_deploy_event(client: httpx.AsyncClient, api: str, kind: str, box_
     return response.status_code
 
 
+DRAIN_BOUND_SECONDS = 30.0  # a deploy pipeline's drain timeout: restart anyway after it
+
+
+async def wait_drained(client: httpx.AsyncClient, api: str, box_id: str, bound_s: float) -> float | None:
+    """Seconds until warmer says the box is drained (`/v1/boxes/{id}/ready`: 503 "drained for a rollout":
+    its agents are warm elsewhere and no route uses it), or None when the bound passed first."""
+    started = time.monotonic()
+    while time.monotonic() - started < bound_s:
+        with contextlib.suppress(httpx.HTTPError):
+            response = await client.get(f"{api}/v1/boxes/{box_id}/ready", timeout=5.0)
+            if response.status_code == 503 and "drained for a rollout" in response.text:
+                return time.monotonic() - started
+        await asyncio.sleep(0.2)
+    return None
+
+
 async def rolling_restart(
     fleet: LlamaFleet,
     observer: Observer,
@@ -678,9 +695,11 @@ async def rolling_restart(
     gap_s: float,
     clock: Callable[[], float],
     hook: Callable[[str, str], Awaitable[int]] | None,
+    drained: Callable[[str], Awaitable[float | None]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Restart every box once, one at a time, from `at_s`: scrape, (rollout.started), restart and wait
-    for /health, scrape the new process, (rollout.finished), then a gap."""
+    """Restart every box once, one at a time, from `at_s`: scrape, (rollout.started, then wait for the
+    box to be drained, as a deploy pipeline using warmer does), restart and wait for /health, scrape the
+    new process, (rollout.finished), then a gap."""
     await asyncio.sleep(max(0.0, at_s - clock()))
     log = []
     for box in list(fleet.boxes):
@@ -688,6 +707,7 @@ async def rolling_restart(
         observer.restarting.add(box.id)
         started = clock()
         hook_started = await hook("rollout.started", box.id) if hook else None
+        drain_wait = await drained(box.id) if drained else None
         await asyncio.to_thread(fleet.restart, box.id)
         observer.epochs[box.id] += 1
         observer.restarting.discard(box.id)
@@ -700,6 +720,7 @@ async def rolling_restart(
                 "started_s": started,
                 "finished_s": finished,
                 "webhook_status": [hook_started, hook_finished] if hook else None,
+                "drain_wait_s": drain_wait,
             }
         )
         await asyncio.sleep(gap_s)
@@ -773,14 +794,18 @@ async def run_policy(
             ]
             restart_at = config.schedule.arrival_window_s / 2 if config.restart else None
             hook = None
+            drained = None
             if policy_name == "warmer":
 
                 async def hook(kind: str, box_id: str) -> int:
                     return await send_deploy_event(client, api, kind, box_id)
 
+                async def drained(box_id: str) -> float | None:
+                    return await wait_drained(client, api, box_id, DRAIN_BOUND_SECONDS)
+
             restart_task = (
                 asyncio.create_task(
-                    rolling_restart(fleet, observer, restart_at, config.restart_gap_s, clock, hook)
+                    rolling_restart(fleet, observer, restart_at, config.restart_gap_s, clock, hook, drained)
                 )
                 if restart_at is not None
                 else None

@@ -324,3 +324,22 @@ def test_retained_boxes_never_push_a_box_past_its_prefix_capacity() -> None:
     assert fitted.routing["mid"] == ("box-1",)
     unlimited = {b.id: b for b in boxes(2)}
     assert fit_to_capacity(moving, target, prefix_of, unlimited, {}) is moving
+
+
+def test_agents_keep_their_boxes_and_a_box_going_away_displaces_only_the_quietest() -> None:
+    """Full caches, one box going away: its two busy agents take the room of the quietest agents on one
+    other box; the agents on the third box keep theirs (no cascade), and nobody moves without a reason."""
+    fleet = [replace(b, prefix_capacity=2) for b in boxes(3)]
+    now = {"hot-a": ("box-1",), "hot-b": ("box-1",), "q1": ("box-0",), "q2": ("box-0",)}
+    now |= {"q3": ("box-2",), "q4": ("box-2",)}
+    volume = {"hot-a": 10.0, "hot-b": 10.0}
+    demand = [AgentDemand(a, "m", 500, calls_per_minute=volume.get(a, 0.0), prefix_hash=a) for a in now]
+    config = PlacementConfig(min_group_size=2)
+    assert place(fleet, demand, config, previous=now).groups == now  # stable: nothing to change
+    without = place(fleet, demand, config, eligible={"box-0", "box-2"}, previous=now)
+    assert set(without.groups) == {"hot-a", "hot-b", "q1", "q2", "q3", "q4"} - set(without.unplaced)
+    assert len(without.unplaced) == 2
+    moved = {a for a in now if a in without.groups and without.groups[a] != now[a]}
+    assert moved == {"hot-a", "hot-b"}  # only the agents of the box that went away moved
+    kept = {a: g for a, g in without.groups.items() if a not in moved}
+    assert all(g == now[a] for a, g in kept.items())

@@ -246,14 +246,20 @@ def place(
     config: PlacementConfig | None = None,
     *,
     eligible: Collection[str] | None = None,
+    previous: Mapping[str, Sequence[str]] | None = None,
 ) -> Placement:
     """Place every agent. `eligible` (default: all) excludes boxes being drained or not yet admitted.
+
+    `previous` (agent -> the boxes serving it now) keeps the mapping stable where caches are full: an agent
+    tries the boxes it already has before its ranking, so a box going away moves its own agents and the
+    quieter agents they displace, not everyone whose turn in the busiest-first order changed.
 
     Busy agents choose first (dedicated ones before all), so under pressure the quiet ones spill or go
     unplaced; ties break by a stable hash, not by id, so no agent is always last.
     """
     config = config or PlacementConfig()
     by_model, spec = _index_boxes(boxes, eligible, config.hash_buckets)
+    allowed = set(eligible) if eligible is not None else None
     seeds: dict[str, int] = {}
     shared_tokens: dict[str, int] = {}
     for agent in agents:
@@ -312,23 +318,52 @@ def place(
 
     ordered = sorted(agents, key=priority)
     unplaced: dict[str, UnplacedReason] = {}
-    # Coverage first: every agent gets one box before any agent gets its spill room, so a fleet short of
-    # cache serves every agent warm somewhere instead of a few agents twice and the rest nowhere.
+    incumbents: dict[str, list[str]] = {}
     for agent in ordered:
-        model = by_model.get(agent.model)
-        if model is None:
+        if agent.model not in by_model:
             unplaced[agent.agent_id] = UnplacedReason.NO_BOXES
             continue
+        incumbents[agent.agent_id] = [
+            box_id
+            for box_id in (previous or {}).get(agent.agent_id, ())
+            if box_id in spec and spec[box_id].model == agent.model and (allowed is None or box_id in allowed)
+        ]
+        rankings[agent.agent_id] = _excluding(
+            incumbents[agent.agent_id],
+            by_model[agent.model].ranking(seeds[agent.agent_id], wanted[agent.agent_id]),
+        )
+
+    def cover(agent: AgentDemand, candidates: Iterator[str] | list[str]) -> None:
         is_dedicated = agent.agent_id in dedicated
-        ranking = rankings[agent.agent_id] = model.ranking(seeds[agent.agent_id], wanted[agent.agent_id])
         first_pass = wanted[agent.agent_id] if is_dedicated else 1  # dedicated agents (first) take all
-        for box_id in ranking:
+        for box_id in candidates:
             if fits(agent, box_id, is_dedicated):
                 take(agent, box_id, is_dedicated)
-                if len(chosen_by_agent[agent.agent_id]) == first_pass:
-                    break
-        if agent.agent_id not in chosen_by_agent:
+                if len(chosen_by_agent[agent.agent_id]) >= first_pass:
+                    return
+
+    # Coverage first: every agent gets one box before any agent gets its spill room, so a fleet short of
+    # cache serves every agent warm somewhere instead of a few agents twice and the rest nowhere. An agent
+    # that has boxes keeps one if it still fits; one pushed out of its boxes by a busier agent waits until
+    # every agent has kept what it could, so displacement does not cascade through the fleet.
+    pushed_out: list[AgentDemand] = []
+    for agent in ordered:
+        if agent.agent_id not in incumbents:
+            continue
+        if incumbents[agent.agent_id]:
+            cover(agent, incumbents[agent.agent_id])
+            if agent.agent_id not in chosen_by_agent:
+                pushed_out.append(agent)
+        else:
+            cover(agent, rankings[agent.agent_id])
+    for agent in pushed_out:
+        cover(agent, rankings[agent.agent_id])
+    for agent in ordered:
+        if agent.agent_id in incumbents and agent.agent_id not in chosen_by_agent:
             unplaced[agent.agent_id] = UnplacedReason.CAPACITY
+        elif agent.agent_id in incumbents:
+            # spill room comes from the rest of the agent's boxes first, then its ranking
+            rankings[agent.agent_id] = _chain(incumbents[agent.agent_id], rankings[agent.agent_id])
     # Then spill room, busiest first, further down each agent's own ranking (boxes skipped above were full
     # then and are fuller now, so the ranking continues where it stopped).
     for agent in ordered:
@@ -340,12 +375,25 @@ def place(
         if len(chosen) >= need:
             continue
         for box_id in rankings[agent.agent_id]:
-            if fits(agent, box_id, is_dedicated):
+            if box_id not in chosen and fits(agent, box_id, is_dedicated):
                 take(agent, box_id, is_dedicated)
                 if len(chosen) == need:
                     break
     groups = {agent_id: tuple(chosen) for agent_id, chosen in chosen_by_agent.items()}
     return Placement(groups=groups, wanted=wanted, unplaced=unplaced, dedicated=dedicated)
+
+
+def _excluding(incumbents: Sequence[str], ranking: Iterator[str]) -> Iterator[str]:
+    """The agent's ranking without the boxes it has now (those are tried first, separately)."""
+    seen = set(incumbents)
+    for box_id in ranking:
+        if box_id not in seen:
+            yield box_id
+
+
+def _chain(first: Sequence[str], rest: Iterator[str]) -> Iterator[str]:
+    yield from first
+    yield from rest
 
 
 @dataclass(frozen=True, slots=True)

@@ -532,7 +532,9 @@ class Reconciler:
             tuple((d.agent_id, d.prefix_hash, d.prefix_tokens, _group_key(config, d)) for d in demands),
         )
         if key != self._placement_key:
-            placement = place(boxes, demands, self._config.placement, eligible=eligible)
+            placement = place(
+                boxes, demands, self._config.placement, eligible=eligible, previous=self._routing
+            )
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))
             self._placement, self._placement_key = placement.groups, key
