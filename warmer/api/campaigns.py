@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
 
 from warmer.api.auth import require_token
-from warmer.api.prewarm import first_problem, invalid, read_json
+from warmer.api.bodies import read_json
+from warmer.api.prewarm import first_problem, invalid
 from warmer.api.services import ApiServices
 from warmer.core.campaigns import CampaignDraft, CampaignInvalid, UnknownCampaignAgent, campaign_json
 from warmer.service.campaigns import CampaignService, CampaignsUnavailable
@@ -59,7 +60,9 @@ def router(services: ApiServices) -> APIRouter:
         responses={
             200: {"description": "Replaced: the stored campaign"},
             201: {"description": "Created: the stored campaign"},
+            400: {"description": "Body is not JSON warmer reads (syntax, nesting, numbers): {field, detail}"},
             404: {"description": "Unknown agent"},
+            413: {"description": "Body over api.max_request_bytes"},
             422: {"description": "Bad field: {field, detail}"},
         },
     )
@@ -67,7 +70,7 @@ def router(services: ApiServices) -> APIRouter:
         campaigns = service()
         if campaigns is None:
             return _unavailable("campaigns are not configured")
-        data, error = await read_json(request)
+        data, error = await read_json(request, services.max_request_bytes)
         if error is not None:
             return error
         try:

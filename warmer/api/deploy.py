@@ -4,9 +4,11 @@ No bearer token: the HMAC signature over the raw body is the authentication (the
 shared secret). The body is read raw and bounded, because the signature covers the exact bytes sent.
 
 Status codes: 202 accepted; 200 `{"duplicate": true}` for an event id already received (a retry or a replay
-within the tolerance: acknowledged, nothing changes); 400 not a JSON object; 401 signature missing, forged
-or stale (a replay after the tolerance); 413 body too large; 422 invalid fields or boxes/agents the daemon
-does not have (`problems` lists field paths); 503 webhook disabled (no secret) or reconciler not running.
+within the tolerance: acknowledged, nothing changes); 400 not a JSON object warmer reads (also JSON nested
+deeper than 64 levels, a number over 40 characters, NaN/Infinity); 401 signature missing, forged or stale (a
+replay after the tolerance); 413 body over `api.webhook_max_body_bytes`; 422 invalid fields or boxes/agents
+the daemon does not have (`problems` lists field paths); 503 webhook disabled (no secret), reconciler not
+running or the database unavailable.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from warmer.api.bodies import BodyTooLarge, read_limited
 from warmer.api.services import ApiServices
 from warmer.config.events import EVENT_KINDS
 from warmer.core.webhook import SIGNATURE_HEADER
 from warmer.service.deploy import DeployOutcome, DeployResult
-
-MAX_BODY_BYTES = 4 * 1024 * 1024  # a prompt spec with its reference material fits with room to spare
 
 _STATUS = {
     DeployOutcome.ACCEPTED: 202,
@@ -89,9 +90,9 @@ def router(services: ApiServices) -> APIRouter:
         },
         responses={
             200: {"description": "Duplicate event id: acknowledged, nothing changed"},
-            400: {"description": "Body is not a JSON object"},
+            400: {"description": "Body is not a JSON object warmer reads (syntax, nesting, numbers)"},
             401: {"description": "Signature missing, forged, or timestamp outside the tolerance"},
-            413: {"description": "Body too large"},
+            413: {"description": "Body over api.webhook_max_body_bytes"},
             422: {"description": "Invalid fields, or boxes/agents the daemon does not have"},
             503: {"description": "Webhook disabled (no secret) or reconciler not running"},
         },
@@ -102,19 +103,11 @@ def router(services: ApiServices) -> APIRouter:
             return JSONResponse(
                 {"outcome": "disabled", "detail": "the deploy webhook is not available in this process"}, 503
             )
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            return JSONResponse({"outcome": "too_large", "detail": f"body over {MAX_BODY_BYTES} bytes"}, 413)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                return JSONResponse(
-                    {"outcome": "too_large", "detail": f"body over {MAX_BODY_BYTES} bytes"}, 413
-                )
-            chunks.append(chunk)
-        result = await handler.handle(b"".join(chunks), request.headers.get(SIGNATURE_HEADER))
+        try:
+            body = await read_limited(request, services.webhook_max_body_bytes, "api.webhook_max_body_bytes")
+        except BodyTooLarge as exc:
+            return JSONResponse({"outcome": "too_large", "detail": str(exc)}, 413)
+        result = await handler.handle(body, request.headers.get(SIGNATURE_HEADER))
         return _answer(result)
 
     return routes

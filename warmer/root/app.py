@@ -166,6 +166,8 @@ class Daemon:
                     clock=SystemClock(),
                     on_fleet_change=self._fleet_changed,
                 ),
+                max_request_bytes=settings.api.max_request_bytes,
+                webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
             )
         )
         self.supervisor = Supervisor(
