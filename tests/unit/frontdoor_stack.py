@@ -94,9 +94,11 @@ def build_stack(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     webhook_max_body_bytes: int = DEFAULT_WEBHOOK_MAX_BODY_BYTES,
     settle_first: bool = True,
+    database_url: str | None = None,
 ) -> Stack:
-    """The stack on a fresh database; with `settle_first` the fleet is warm and routed before it returns."""
-    url = f"sqlite:///{tmp_path / 'frontdoor.db'}"
+    """The stack on a fresh database (a temp SQLite file unless `database_url` names an empty one); with
+    `settle_first` the fleet is warm and routed before it returns."""
+    url = database_url or f"sqlite:///{tmp_path / 'frontdoor.db'}"
     upgrade_database(url)
     built = world(url, specs={"sales": agent("sales", "You sell things.")}, source=SpecTextPrefixSource())
     store = OutageStore(built.store)

@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse
 
 from warmer.api.auth import require_token
 from warmer.api.services import ApiServices
+from warmer.api.storeerrors import store_problem
+from warmer.core.errors import StoreError
 from warmer.service.status import StatusQueries, StatusUnavailable
 
 
@@ -62,6 +64,8 @@ def router(services: ApiServices) -> APIRouter:
             ready = await queries().ready(box_id)
         except StatusUnavailable as exc:
             return JSONResponse({"box": box_id, "ready": False, "reasons": [str(exc)]}, 503)
+        except StoreError as exc:  # fail closed: a box whose state cannot be read is not ready
+            return JSONResponse({"box": box_id, "ready": False, "reasons": [store_problem(exc)]}, 503)
         if ready is None:
             return JSONResponse({"box": box_id, "ready": False, "reasons": ["unknown box"]}, 404)
         body = {"box": box_id, "ready": ready.ready, "reasons": list(ready.reasons), "since": ready.since,
