@@ -97,3 +97,30 @@ def test_serve_exits_nonzero_when_its_port_is_taken(tmp_path: Path) -> None:
         )
     assert done.returncode != 0
     assert "root task failed" in done.stderr or "root task ended" in done.stderr, done.stderr
+
+
+def test_a_second_serve_on_the_same_sqlite_file_refuses_to_start(serve: Serve, tmp_path: Path) -> None:
+    wait_for_health(serve)
+    database = tmp_path / "state" / "warmer.db"
+    second_port = free_loopback_port()
+    env = clean_env(
+        WARMER_API__PORT=str(second_port),
+        WARMER_DATABASE__STATE_DIR=str(tmp_path / "state"),
+        WARMER_LOGGING__FORMAT="json",
+    )
+    done = subprocess.run(
+        [warmer_script(), "--config", str(EXAMPLE), "serve"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=START_TIMEOUT_SECONDS,
+    )
+    assert done.returncode != 0, done.stderr
+    assert f"database file {database.absolute()} is in use by another warmer serve" in done.stderr
+    assert f"(pid {serve.process.pid})" in done.stderr
+    # the first daemon never noticed, and once it is gone the file is free for the next one
+    assert httpx.get(f"{serve.base_url}/readyz", timeout=5).status_code == 200
+    serve.stop(STOP_TIMEOUT_SECONDS)
+    with running_serve(EXAMPLE, second_port, tmp_path / "serve-2.log", env=env) as successor:
+        wait_for_health(successor)
+        successor.stop(STOP_TIMEOUT_SECONDS)
