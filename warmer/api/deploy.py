@@ -17,10 +17,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
 
 from warmer.api.bodies import BodyTooLarge, read_limited
+from warmer.api.schemas import DeployAnswer, described, inline_json_schema
 from warmer.api.services import ApiServices
-from warmer.config.events import EVENT_KINDS
+from warmer.config.events import DeployEvent
 from warmer.core.webhook import SIGNATURE_HEADER
 from warmer.service.deploy import DeployOutcome, DeployResult
 
@@ -74,27 +76,23 @@ def router(services: ApiServices) -> APIRouter:
                 "content": {
                     "application/json": {
                         "schema": {
-                            "type": "object",
-                            "required": ["id", "kind", "occurred_at"],
-                            "properties": {
-                                "id": {"type": "string", "description": "Idempotency key"},
-                                "kind": {"type": "string", "enum": list(EVENT_KINDS)},
-                                "occurred_at": {"type": "string", "description": "RFC 3339 or unix seconds"},
-                            },
-                            "description": "agent.prompt_changed: agent_id, spec; rollout.*: box_ids; "
-                            "box.added: box; box.removed: box_id",
+                            **inline_json_schema(TypeAdapter(DeployEvent).json_schema()),
+                            "description": "One deploy event; `kind` selects its fields",
                         }
                     }
                 },
             },
         },
         responses={
-            200: {"description": "Duplicate event id: acknowledged, nothing changed"},
-            400: {"description": "Body is not a JSON object warmer reads (syntax, nesting, numbers)"},
-            401: {"description": "Signature missing, forged, or timestamp outside the tolerance"},
-            413: {"description": "Body over api.webhook_max_body_bytes"},
-            422: {"description": "Invalid fields, or boxes/agents the daemon does not have"},
-            503: {"description": "Webhook disabled (no secret) or reconciler not running"},
+            200: described(DeployAnswer, "Duplicate event id: acknowledged, nothing changed"),
+            202: described(DeployAnswer, "Accepted"),
+            400: described(DeployAnswer, "Body is not a JSON object warmer reads (syntax, nesting, numbers)"),
+            401: described(DeployAnswer, "Signature missing, forged, or timestamp outside the tolerance"),
+            413: described(DeployAnswer, "Body over api.webhook_max_body_bytes"),
+            422: described(DeployAnswer, "Invalid fields, or boxes/agents the daemon does not have"),
+            503: described(
+                DeployAnswer, "Webhook disabled (no secret), reconciler not running, database down"
+            ),
         },
     )
     async def deploy_event(request: Request) -> JSONResponse:

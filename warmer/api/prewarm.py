@@ -14,6 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from warmer.api.auth import require_token
 from warmer.api.bodies import read_json
+from warmer.api.schemas import (
+    UNAUTHORIZED,
+    PrewarmAnswerBody,
+    Problem,
+    TooLarge,
+    Unavailable,
+    described,
+)
 from warmer.api.services import ApiServices
 from warmer.service.prewarm import (
     PrewarmAsk,
@@ -75,12 +83,15 @@ def router(services: ApiServices) -> APIRouter:
             }
         },
         responses={
-            200: {"description": "{agent, box_id, base_url, prefix_hash, state, ready, waited_ms, detail}"},
-            400: {"description": "Body is not JSON warmer reads (syntax, nesting, numbers): {field, detail}"},
-            404: {"description": "Unknown agent"},
-            413: {"description": "Body over api.max_request_bytes"},
-            422: {"description": "Bad body: {field, detail}"},
-            503: {"description": "No box can take the agent's call now: {reason}"},
+            200: described(PrewarmAnswerBody, "The box for the call and the agent's prefix state there"),
+            400: described(
+                Problem, "Body is not JSON warmer reads (syntax, nesting, numbers): {field, detail}"
+            ),
+            404: described(Problem, "Unknown agent"),
+            413: described(TooLarge, "Body over api.max_request_bytes"),
+            422: described(Problem, "Bad body: {field, detail}"),
+            503: described(Unavailable, "No box can take the agent's call now, or the database is down"),
+            **UNAUTHORIZED,
         },
     )
     async def prewarm(request: Request) -> JSONResponse:
