@@ -124,3 +124,21 @@ def test_a_second_serve_on_the_same_sqlite_file_refuses_to_start(serve: Serve, t
     with running_serve(EXAMPLE, second_port, tmp_path / "serve-2.log", env=env) as successor:
         wait_for_health(successor)
         successor.stop(STOP_TIMEOUT_SECONDS)
+
+
+def test_a_real_serve_answers_hostile_bodies_with_400_and_413_and_keeps_serving(serve: Serve) -> None:
+    """Over a real socket: the connection is answered, not dropped, and the daemon stays up."""
+    wait_for_health(serve)
+    deep = b"[" * 2000 + b"]" * 2000
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=serve.base_url, timeout=30) as client:
+        for method, path in (("POST", "/v1/prewarm"), ("PUT", "/v1/campaigns/deep")):
+            response = client.request(method, path, content=deep, headers=headers)
+            assert response.status_code == 400, response.text
+            assert response.json()["detail"] == "JSON nested deeper than 64 levels"
+        huge = client.post("/v1/prewarm", content=b'{"agent": "' + b"a" * 100_000 + b'"}', headers=headers)
+        assert huge.status_code == 413, huge.text
+        listed = client.get("/v1/campaigns")
+        assert (listed.status_code, listed.json()) == (200, {"campaigns": []})
+        assert client.get("/healthz").status_code == 200
+    serve.stop(STOP_TIMEOUT_SECONDS)
