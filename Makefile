@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: venv demo test lint check-services engines bench clean
+.PHONY: venv demo test lint check-services engines bench bench-fleet clean
 
 $(BIN)/warmer: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,13 @@ bench: venv engines
 	$(BIN)/python -m bench.prefill_cold_vs_cached
 	$(BIN)/python -m bench.time_to_ready
 	$(BIN)/python -m bench.prewarm_burst
+
+# Routers vs naive pre-warm vs warmer under call traffic on real boxes, with a rolling restart (minutes).
+# It builds llama-server itself when missing. Options go through FLEET_ARGS, e.g.
+#   make bench-fleet FLEET_ARGS='--setting both --model light'
+FLEET_ARGS ?= --setting tight --model light
+bench-fleet: venv
+	$(BIN)/python -m bench.fleet $(FLEET_ARGS)
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache

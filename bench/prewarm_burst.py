@@ -34,7 +34,9 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import NotSupported
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
+    CacheLayout,
     CacheStats,
     CompletionReport,
     EngineKind,
@@ -80,7 +82,14 @@ class TimedEngine:
         return f"gen-{self.generation}"
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
         assert prefix.token_ids is not None
         (self.probes if suffix.startswith("\n#probe") else self.warms)[box.id] += 1
@@ -116,8 +125,14 @@ class TimedEngine:
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         return [0] * (len(text) + 1)
 
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
+
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "bench")
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return BoxCapacity(source="bench")
 
 
 class Source:
@@ -159,6 +174,9 @@ class NaiveBackend:
 
     def box(self, box_id: str) -> BoxSpec | None:
         return next((b for b in self._boxes if b.id == box_id), None)
+
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        return None
 
 
 async def ready() -> Readiness:

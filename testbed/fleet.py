@@ -6,7 +6,9 @@ Each box is one llama-server process with its own prefix cache. Flags that matte
 - `--metrics`: expose `/metrics` (`llamacpp:prompt_tokens_cached_total` and friends).
 - `--parallel N` with `-c N*ctx_per_slot`: the context is split evenly across the slots.
 - `--cache-ram 0`: disable the host-RAM prompt cache, so a prompt evicted from a slot is really gone
-  (by default llama-server keeps evicted prompts in RAM and revives them, hiding evictions).
+  (by default llama-server keeps evicted prompts in RAM and revives them, hiding evictions). The default
+  here; `cache_ram_mib` > 0 gives each box a host prompt cache of that many MiB instead (common/arg.cpp:
+  `--cache-ram N`, "maximum cache size in MiB"), a box that holds more prompts than it has slots.
 - `-t`: threads per box; this bench runs on 2 cores, so a box gets 1 or 2.
 
 Processes are tracked and stopped by PID only. A restart keeps the port and arguments, so the same
@@ -79,6 +81,7 @@ class LlamaFleet:
         log_dir: Path | None = None,
         health_timeout: float = 120.0,
         stop_timeout: float = 10.0,
+        cache_ram_mib: int = 0,
         extra_args: Sequence[str] = (),
     ) -> None:
         if n < 1:
@@ -89,6 +92,8 @@ class LlamaFleet:
             raise ValueError(f"ctx_per_slot must be >= 16, got {ctx_per_slot}")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        if cache_ram_mib < 0:
+            raise ValueError(f"cache_ram_mib must be >= 0, got {cache_ram_mib}")
         self.n = n
         self.binary = binary
         self.model = model
@@ -98,6 +103,7 @@ class LlamaFleet:
         self.log_dir = log_dir
         self.health_timeout = health_timeout
         self.stop_timeout = stop_timeout
+        self.cache_ram_mib = cache_ram_mib
         self.extra_args = tuple(extra_args)
         self._boxes: dict[str, LlamaBox] = {}
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -194,7 +200,7 @@ class LlamaFleet:
             "--metrics",
             "--parallel", str(self.slots),
             "--ctx-size", str(self.slots * self.ctx_per_slot),
-            "--cache-ram", "0",
+            "--cache-ram", str(self.cache_ram_mib),
             "--threads", str(self.threads),
             *self.extra_args,
         ]  # fmt: skip

@@ -7,7 +7,9 @@ from typing import Protocol
 
 from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
+    CacheLayout,
     CacheStats,
     Campaign,
     CompletionReport,
@@ -43,9 +45,20 @@ class EnginePort(Protocol):
         ...
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
-        """Send the prefix (plus an optional short suffix) greedily; report cached prompt tokens."""
+        """Send the prefix (plus an optional short suffix) greedily; report cached prompt tokens.
+
+        `slot`: run it in that engine slot, where the engine has pinnable slots (`BoxCapacity`); ignored
+        elsewhere. `rank`: pin a data-parallel rank (`CacheLayout.data_parallel_ranks` > 1); engines
+        without ranks refuse it with NotSupported."""
         ...
 
     async def complete_prompt(
@@ -72,6 +85,15 @@ class EnginePort(Protocol):
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         """The engine's cumulative prefix-cache counters."""
+        ...
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        """How the running server counts a hit (page/block size, hybrid state strategy); fields it does not
+        report are None, so the caller falls back to the model profile."""
+        ...
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """How many prefixes the box's cache holds beside its live calls (unknown fields are None)."""
         ...
 
 

@@ -7,8 +7,9 @@
    cache"); before the switch the routes keep serving the old prefix on both boxes (no gap).
 2. Forged, stale and replayed deliveries are rejected (401, or 200 `duplicate` for a repeated id) and change
    nothing: same routes, same epochs, no drain.
-3. `rollout.started` takes a box out of the routes at once; the llama-server process restarts; the box stays
-   out until `rollout.finished`, then comes back as a new epoch after its restart warm-up, warm.
+3. `rollout.started` drains a box: its agents are served by their other warm box, it leaves the routes and
+   reads "drained"; the llama-server process restarts; the box stays out until `rollout.finished`, then
+   comes back as a new epoch after its restart warm-up, warm.
 
 Bounded waits only, no timing assertions.
 """
@@ -162,9 +163,12 @@ def test_signed_deploy_events_on_a_real_daemon_and_fleet(daemon: LlamaDaemon) ->
     rolled = box_ids[0]
     started = send(daemon, event("rollout.started", "roll-1", box_ids=[rolled]))
     assert started.status_code == 202, started.text
-    assert daemon.agent_routes() == (new.hash, [box_ids[1]])  # at once: the very next read
+    # the agent is warm on the other box already: the rolled box leaves its route within a pass, and its
+    # readiness says it is drained (what a pipeline waits for before restarting it)
+    daemon.wait("the rolled box to drain", lambda: daemon.agent_routes() == (new.hash, [box_ids[1]]), 10.0)
     ready = httpx.get(f"{daemon.base_url}/v1/boxes/{rolled}/ready", timeout=10)
     assert ready.status_code == 503
+    assert "drained for a rollout" in ready.text
     daemon.fleet.restart(rolled)
     time.sleep(1.5)  # the engine is healthy again, but the rollout is not finished: it stays out
     assert daemon.agent_routes() == (new.hash, [box_ids[1]])

@@ -104,3 +104,25 @@ def test_restart_changes_the_epoch_and_the_probe_shows_cold(vllm_restartable: Vl
     assert epoch_after != epoch_before
     assert not cold.verified
     assert cold.cached_tokens == 0
+
+
+def test_the_block_size_comes_from_the_server_not_the_profile(vllm_server: VllmServer) -> None:
+    """The real server publishes vllm:cache_config_info{block_size="128"}; a profile whose fallback says 1
+    still verifies, because the tolerance is the server's block."""
+    box = spec(vllm_server)
+    wrong_fallback = ModelProfile(name="tiny-vllm-cpu", engine=EngineKind.VLLM, block_tokens=1)
+
+    async def scenario(engine: VllmEngine) -> tuple[int | None, WarmOutcome]:
+        layout = await engine.cache_layout(box)
+        prefix = await token_prefix(engine, box, unique_prefix_text())
+        return layout.page_tokens, await WarmExecutor(engine, SystemClock()).warm_and_verify(
+            box, wrong_fallback, prefix
+        )
+
+    page, outcome = with_engine(scenario, RestartWatch())
+    assert page == CPU_BLOCK_SIZE
+    assert outcome.verified, outcome.describe()
+    assert (outcome.block_tokens, outcome.block_source) == (
+        CPU_BLOCK_SIZE,
+        "vllm /metrics vllm:cache_config_info",
+    )

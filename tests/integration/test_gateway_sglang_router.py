@@ -7,6 +7,7 @@ the boxes' own `/metrics` counters (llama-server `--metrics`): prompt tokens pro
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -108,3 +109,46 @@ async def test_router_routes_only_to_registered_boxes(
         response = await complete_via_router(client, router_url, "Anyone?")
         assert response.status_code >= 500
         assert (prompt_tokens_seen(restarted), prompt_tokens_seen(second)) == seen
+
+
+async def test_router_readmits_a_restarted_box_on_its_own_and_takes_runtime_type_silently(
+    router_url: str, llama_fleet_factory: FleetFactory
+) -> None:
+    """What the real 0.3.2 router does that decides how warmer keeps a cold box out (see the gateway
+    adapter's docstring): a duplicate add is 202 (not smg's 409) and changes nothing, `runtime_type` is
+    accepted and ignored, and a registered box that restarts gets traffic again without any call from
+    warmer, which is why gateway sync withdraws a box the moment it stops being ready."""
+    fleet = llama_fleet_factory(2)
+    first, second = fleet.boxes
+    async with httpx.AsyncClient() as client:
+        gateway = SglangRouterGateway(client, router_url, settle_timeout=60)
+        await gateway.register(spec(first))
+
+        duplicate = await client.post(f"{router_url}/workers", json={"url": first.base_url}, timeout=10)
+        assert duplicate.status_code == 202
+        with_runtime = {"url": second.base_url, "runtime_type": "sglang"}
+        assert (await client.post(f"{router_url}/workers", json=with_runtime, timeout=10)).status_code == 202
+        deadline = asyncio.get_running_loop().time() + 60
+        while await gateway.registered() != {first.base_url, second.base_url}:
+            assert asyncio.get_running_loop().time() < deadline, "the second add never landed"
+            await asyncio.sleep(0.2)
+        listing = (await client.get(f"{router_url}/workers", timeout=10)).json()["workers"]
+        assert len(listing) == 2  # the duplicate add did not create a second worker
+        assert all("runtime_type" not in entry for entry in listing)
+        await gateway.deregister(spec(second))
+
+        # Stop and start the registered box behind the router's back: the router notices the failed
+        # health checks, then re-admits the box as soon as /health passes again.
+        fleet.restart(first.id)
+        restarted = fleet.box(first.id)
+        assert restarted.base_url == first.base_url
+        before = prompt_tokens_seen(restarted)
+        response = None
+        for _ in range(100):
+            response = await complete_via_router(client, router_url, "Are you back?")
+            if response.status_code == 200:
+                break
+            await asyncio.sleep(0.2)
+        assert response is not None
+        assert response.status_code == 200, response.text
+        assert prompt_tokens_seen(restarted) > before, "the router routed to the restarted (cold) box"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -176,3 +177,129 @@ class Script:
 
     def count(self, path: str) -> int:
         return sum(1 for c in self.calls if c.url.path == path)
+
+
+# sglang 0.5.23 (PyPI) sglang/srt/entrypoints/http_server.py `server_info` -> utils/common.py
+# `build_server_info`: the resolved server args plus `version`, `startup_time` (per-phase launch durations)
+# and `internal_states` (one per DP rank). Only the fields warmer reads are filled with meaning here.
+def sglang_server_info(
+    *,
+    page_size: int = 1,
+    strategy: str | None = None,
+    strategy_key: str = "mamba_radix_cache_strategy",
+    random_seed: int = 625144628,
+    load_weight_seconds: float = 41.7,
+) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "model_path": "Qwen/Qwen3-Next-80B-A3B-Instruct",
+        "random_seed": random_seed,
+        "page_size": page_size,
+        "port": 30000,
+        "dp_size": 1,
+        "version": "0.5.23",
+        "startup_time": {"load_weight": load_weight_seconds, "kv_cache_allocation": 3.2},
+        "internal_states": [{"last_gen_throughput": 0.0}],
+    }
+    if strategy is not None:
+        info[strategy_key] = strategy
+    return info
+
+
+class MambaRadixModel:
+    """The hit rules of SGLang's hybrid (Mamba) radix cache, token = one character, for one box.
+
+    Reproduces, for greedy single-token requests on a cold-to-warm tree (sglang 0.5.23 PyPI;
+    sgl-project/sglang python/sglang/srt/mem_cache/mamba_radix_cache.py
+    @ 00df707e8de4ab0110fb5527bf3c9dffc535671a):
+    - a hit is the longest matched length at which a node holds a state (`_match_prefix_helper`:
+      best_value_len advances only over nodes with a mamba_value), the match itself capped at len(prompt) - 1
+      (`_compute_max_prefix_len`) and rounded down to whole pages (`RadixKey.match(..., page_size)`);
+    - no_buffer: a finished request stores its state at its own end (`cache_finished_req` /
+      unified_cache/components/mamba.py `prepare_for_caching_req`: cache_len = len(token_ids)); a split node
+      gets none (`_split_node`);
+    - extra_buffer: the state is tracked at prefix_len + (extend_len // grid) * grid, or at the chunk-aligned
+      branching point when the match passed a node without state (managers/schedule_batch.py
+      `_mamba_radix_cache_v2_req_prepare_for_extend`, mamba_radix_cache.py `_match_post_processor`); KV
+      beyond the tracked point is freed (cache_len = mamba_last_track_seqlen).
+    """
+
+    def __init__(self, strategy: str, *, page_size: int = 1, chunk: int = 64) -> None:
+        self.strategy, self.page, self.chunk = strategy, page_size, chunk
+        self.grid = math.lcm(chunk, page_size)
+        self.kv: list[str] = []  # sequences whose KV is in the tree
+        self.states: set[str] = set()  # sequences at whose end a state is stored
+
+    def _kv_match(self, prompt: str) -> int:
+        limit = len(prompt) - 1
+        best = 0
+        for seq in self.kv:
+            n = 0
+            while n < min(len(seq), limit) and seq[n] == prompt[n]:
+                n += 1
+            best = max(best, n)
+        return best // self.page * self.page
+
+    def generate(self, prompt: str) -> int:
+        """Run one request; return its cached tokens (what meta_info.cached_tokens reports)."""
+        kv = self._kv_match(prompt)
+        cached = max((n for n in range(kv, 0, -1) if prompt[:n] in self.states), default=0)
+        if self.strategy == "no_buffer":
+            self.states.add(prompt)
+            self.kv.append(prompt)
+            return cached
+        extend = len(prompt) - cached
+        tracked = cached + (extend // self.grid) * self.grid
+        branching = kv // self.chunk * self.chunk if kv > cached else None
+        if (
+            branching is not None
+            and cached < branching < len(prompt)
+            and (branching - cached) % self.chunk == 0
+        ):
+            tracked = branching
+        if tracked > cached:
+            self.states.add(prompt[:tracked])
+            self.kv.append(prompt[:tracked])
+        return cached
+
+    def handler(self) -> Callable[[httpx.Request], httpx.Response]:
+        def answer(request: httpx.Request) -> httpx.Response:
+            text = json.loads(request.content)["text"]
+            return httpx.Response(200, json=sglang_generate(len(text), self.generate(text)))
+
+        return answer
+
+
+class DataParallelSglang:
+    """An SGLang box started with --dp-size N: each rank has its own radix cache (dense, page 1).
+
+    sglang 0.5.23 managers/data_parallel_controller.py: a request naming its rank (`routed_dp_rank`, or the
+    deprecated `data_parallel_rank` that io_struct.py GenerateReqInput maps to it) goes to that rank;
+    others are spread over the ranks by --load-balance-method (round robin here, one of its choices in
+    arg_groups/fields/parallel.py; any spreading shows the same miss).
+    """
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.seen: list[list[str]] = [[] for _ in range(ranks)]
+        self.next_rank = 0
+        self.routed: list[int] = []
+
+    def handler(self) -> Callable[[httpx.Request], httpx.Response]:
+        def answer(request: httpx.Request) -> httpx.Response:
+            body = json.loads(request.content)
+            rank = body.get("data_parallel_rank")
+            if rank is None:
+                rank, self.next_rank = self.next_rank, (self.next_rank + 1) % self.ranks
+            self.routed.append(rank)
+            text = body["text"]
+            limit = len(text) - 1
+            cached = 0
+            for seq in self.seen[rank]:
+                n = 0
+                while n < min(len(seq), limit) and seq[n] == text[n]:
+                    n += 1
+                cached = max(cached, n)
+            self.seen[rank].append(text)
+            return httpx.Response(200, json=sglang_generate(len(text), cached))
+
+        return answer

@@ -1,6 +1,6 @@
 """Every front door of the API over real services: the real Reconciler over a FakeEngine and a FakeClock,
-a real SqlStore on a temp SQLite file, and the real prewarm, campaign, status and deploy services, with a
-bearer token and a webhook signing secret configured.
+a real SqlStore on a temp SQLite file, and the real prewarm, campaign, status, capacity and deploy
+services, with a bearer token and a webhook signing secret configured.
 
 `OutageStore` is the database outage at our own seam: the SqlStore, except that while `down` is set every
 call raises `StoreUnavailable`, as the SqlStore itself does when its database stops answering.
@@ -20,13 +20,14 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from tests.unit.reconciler_fakes import FakeClock, SpecTextPrefixSource, World, agent, settle, world
+from tests.unit.reconciler_fakes import PROFILE, FakeClock, SpecTextPrefixSource, World, agent, settle, world
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.config.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.core.errors import StoreUnavailable
 from warmer.core.webhook import SIGNATURE_HEADER, BoxUrlPolicy, sign_body
 from warmer.service.campaigns import CampaignService
+from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.deploy import DeployService, WebhookConfig
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
 from warmer.service.status import StatusService
@@ -118,6 +119,14 @@ def build_stack(
             clock=built.clock,
             config=WebhookConfig(secrets=(SECRET,), box_url_policy=BoxUrlPolicy(ALLOWED_BOX_URLS)),
             fleet=lambda: reconciler,
+        ),
+        capacity=CapacityService(
+            snapshot=reconciler.snapshot,
+            usage=lambda: None,  # no hit-rate monitor here: use figures are unknown, ceilings from the store
+            ceilings=PrefillCeilings(),
+            profiles={"m": PROFILE},
+            store=lambda: store,  # type: ignore[arg-type, return-value]
+            clock=built.clock,
         ),
         max_request_bytes=max_request_bytes,
         webhook_max_body_bytes=webhook_max_body_bytes,

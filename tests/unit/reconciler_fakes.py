@@ -13,7 +13,9 @@ from warmer.adapters.store import SqlStore
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import EngineError, NotSupported
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
+    CacheLayout,
     CacheStats,
     CompletionReport,
     EngineKind,
@@ -54,9 +56,23 @@ class FakeClock:
 
 @dataclass
 class FakeBox:
+    """One engine box. With `holds` set, its cache keeps that many prompts, least recently used out first
+    (llama.cpp: one prompt per slot), and `capacity()` reports it the way llama-server's /props does."""
+
     healthy: bool = True
     generation: int = 0
-    cache: set[tuple[int, ...]] = field(default_factory=set)
+    cache: dict[tuple[int, ...], None] = field(default_factory=dict)  # insertion order = LRU order
+    holds: int | None = None
+    pinnable: bool = False  # `holds` slots that a request may name (llama.cpp id_slot)
+
+    def use(self, prompt: tuple[int, ...]) -> bool:
+        """Send `prompt` through the cache: True when it was held; it is then the most recent."""
+        hit = prompt in self.cache
+        self.cache.pop(prompt, None)
+        self.cache[prompt] = None
+        while self.holds is not None and len(self.cache) > self.holds:
+            del self.cache[next(iter(self.cache))]
+        return hit
 
 
 class FakeEngine:
@@ -73,6 +89,7 @@ class FakeEngine:
         self.warm_requests: Counter[str] = Counter()
         self.probe_requests: Counter[str] = Counter()
         self.prefix_log: list[tuple[str, str, float]] = []  # (box, warm|probe, clock time)
+        self.slots_named: list[tuple[str, str, int | None]] = []  # (box, warm|probe, id_slot sent)
         self.in_flight_prompts = 0
         self.max_in_flight_prompts = 0
         self.gate: asyncio.Event | None = None
@@ -98,7 +115,7 @@ class FakeEngine:
         return f"gen-{self.boxes[box.id].generation}"
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         if self.gate is not None:
             await self.gate.wait()
@@ -107,15 +124,15 @@ class FakeEngine:
         (self.probe_requests if kind == "probe" else self.warm_requests)[box.id] += 1
         self.prefix_log.append((box.id, kind, self.clock.now() if self.clock is not None else 0.0))
         assert prefix.token_ids is not None
-        cache = self.boxes[box.id].cache
-        hit = prefix.token_ids in cache
-        cache.add(prefix.token_ids)
+        hit = self.boxes[box.id].use(prefix.token_ids)
+        self.slots_named.append((box.id, kind, slot))
         cached = prefix.token_count - 1 if hit else 0  # llama.cpp recomputes the last prompt token
         return CompletionReport(
             prompt_tokens=prefix.token_count + len(suffix),
             cached_tokens=cached,
             wall_seconds=0.0,
             engine_seconds=0.001,
+            slot=slot,
         )
 
     async def complete_prompt(
@@ -147,8 +164,17 @@ class FakeEngine:
         # BOS + one token per char, a space costs `space_tokens` (the SPM byte vocabulary spends 3).
         return [1] + [0] * (len(text) + text.count(" ") * (self.space_tokens - 1))
 
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
+
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotSupported(box.id, "fake")
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        fake = self.boxes[box.id]
+        return BoxCapacity(
+            prefixes=fake.holds, pinnable_slots=fake.holds if fake.pinnable else None, source="fake"
+        )
 
 
 def agent(agent_id: str, text: str | None = None) -> AgentSpec:

@@ -179,12 +179,15 @@ def test_a_prompt_change_is_warmed_on_the_agents_boxes_before_routes_switch(hook
     assert max(verified_new) <= current.at
 
 
-def test_a_rollout_takes_boxes_out_at_once_and_brings_them_back_warm_as_a_new_epoch(hook: Hook) -> None:
+def test_a_rollout_drains_boxes_onto_warm_ones_and_brings_them_back_warm_as_a_new_epoch(hook: Hook) -> None:
     restart_prompts_before = len([p for p in hook.engine.prompts if p[0] == "b1"])
     assert hook.send(event("rollout.started", "roll-1", box_ids=["b1"])).status_code == 202
-    # out of the routes and not ready at once: no tick in between
+    assert hook.reconciler.drained_boxes() == frozenset()  # still serving until the next pass moves it
+    hook.settle()
+    # the agent is warm on b2 already: b1 leaves its route, is drained and not ready
     assert hook.routes()[1] == ["b2"]
-    assert hook.reconciler.snapshot().live["b1"].healthy is False
+    assert hook.reconciler.drained_boxes() == {"b1"}
+    assert "b1" not in (hook.reconciler.ready_box_ids() or set())
     hook.engine.restart("b1")  # the rollout restarts the engine
     hook.settle()
     assert hook.routes()[1] == ["b2"]  # still drained: nothing is warmed there mid-rollout

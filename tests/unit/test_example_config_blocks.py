@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from warmer.config.settings import DialerSettings, HitRateSettings
+from warmer.config.settings import CapacitySettings, DialerSettings, HitRateSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
 
@@ -35,7 +35,10 @@ def _commented_block(table: str) -> str:
     return "\n".join(block)
 
 
-@pytest.mark.parametrize(("table", "section"), [("hitrate", HitRateSettings), ("dialer", DialerSettings)])
+@pytest.mark.parametrize(
+    ("table", "section"),
+    [("hitrate", HitRateSettings), ("dialer", DialerSettings), ("capacity", CapacitySettings)],
+)
 def test_commented_block_validates_and_shows_the_defaults(table: str, section: type[BaseModel]) -> None:
     values = tomllib.loads(_commented_block(table))[table]
     parsed = section.model_validate(values)

@@ -225,3 +225,59 @@ async def test_unexpected_listing_body_is_an_error() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
         with pytest.raises(GatewayError, match="not a list"):
             await SglangRouterGateway(client, ROUTER).registered()
+
+
+class GatewayWithConflict(WorkersRouter):
+    """smg (lightseekorg/smg @ 73da68c, model_gateway/src/worker/service.rs): a POST for a URL it already
+    has answers 409 {"error": "Worker already exists at URL ... with ID ...",
+    "code": "WORKER_ALREADY_EXISTS"}."""
+
+    def __init__(self, *, lagging_listings: int = 0) -> None:
+        super().__init__(delay_polls=0)
+        self.bodies: list[dict[str, object]] = []
+        self.lagging_listings = lagging_listings  # listings that do not show workers yet
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/workers" and request.method == "GET" and self.lagging_listings > 0:
+            self.lagging_listings -= 1
+            self.calls.append("GET /workers")
+            return httpx.Response(200, json={"workers": [], "total": 0})
+        if request.url.path == "/workers" and request.method == "POST":
+            body = json.loads(request.content)
+            self.bodies.append(body)
+            if body["url"] in self.workers.values() or any(u == body["url"] for _, u in self.pending):
+                self.calls.append("POST /workers")
+                return httpx.Response(
+                    409,
+                    json={
+                        "error": f"Worker already exists at URL '{body['url']}' with ID 1.",
+                        "code": "WORKER_ALREADY_EXISTS",
+                    },
+                )
+        return super().handle(request)
+
+
+async def test_409_already_exists_is_success() -> None:
+    """The worker is there but the first listing lagged: the POST gets 409, which is success once listed."""
+    router = GatewayWithConflict(lagging_listings=1)
+    router.workers["w-1"] = "http://10.0.0.5:8080"
+    gw, client = gateway(router)
+    async with client:
+        await gw.register(BOX)
+        assert router.calls.count("POST /workers") == 1
+        assert await gw.registered() == {"http://10.0.0.5:8080"}
+
+
+async def test_runtime_type_for_sglang_and_vllm_boxes_none_for_llamacpp() -> None:
+    router = GatewayWithConflict()
+    gw, client = gateway(router)
+    sglang = BoxSpec(id="s", base_url="http://10.0.0.7:30000", engine=EngineKind.SGLANG, model="m")
+    vllm = BoxSpec(id="v", base_url="http://10.0.0.8:8000", engine=EngineKind.VLLM, model="m")
+    async with client:
+        for box in (sglang, vllm, BOX):
+            await gw.register(box)
+    assert router.bodies == [
+        {"url": "http://10.0.0.7:30000", "runtime_type": "sglang"},
+        {"url": "http://10.0.0.8:8000", "runtime_type": "vllm"},
+        {"url": "http://10.0.0.5:8080"},
+    ]

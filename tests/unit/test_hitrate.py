@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import math
@@ -10,9 +11,15 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
+from warmer.adapters.engines.dispatch import EngineDispatcher
+from warmer.adapters.engines.llamacpp import LlamaCppEngine
+from warmer.adapters.engines.openai import OpenAICompatibleEngine
+from warmer.adapters.engines.sglang import SglangEngine
+from warmer.adapters.engines.vllm import VllmEngine
 from warmer.cli.hitrate import hitrate
 from warmer.core.hitrate import (
     HitRateSource,
@@ -25,7 +32,7 @@ from warmer.core.hitrate import (
     hit_rate_between,
     parse_prefill_line,
 )
-from warmer.core.model import CacheStats, EngineKind
+from warmer.core.model import BoxSpec, CacheStats, EngineKind
 from warmer.core.promtext import MetricsTextError, parse_prometheus_text
 
 SAMPLE_LOG = Path(__file__).parent.parent / "data" / "sglang_server.log"
@@ -211,18 +218,18 @@ def test_vllm_older_gpu_prefixed_names() -> None:
     assert cache_stats_from_metrics(EngineKind.VLLM, text) == CacheStats(500.0, 125.0)
 
 
-def test_sglang_counters_and_gauge() -> None:
+def test_sglang_counters_not_the_last_batch_gauge() -> None:
     stats = cache_stats_from_metrics(EngineKind.SGLANG, SGLANG_METRICS)
-    assert (stats.queried_tokens, stats.hit_tokens) == (20000.0, 18000.0)
-    assert stats.hit_rate == pytest.approx(0.85)
+    assert stats == CacheStats(queried_tokens=20000.0, hit_tokens=18000.0)
     window = cumulative_hit_rate(stats)
     assert (window.hit_rate, window.source) == (pytest.approx(0.9), HitRateSource.COUNTERS)
 
 
-def test_sglang_gauge_only_is_used_when_counters_are_missing() -> None:
+def test_sglang_cache_hit_rate_gauge_alone_is_no_data() -> None:
+    """sglang:cache_hit_rate describes the last batch only: it is never taken for a hit rate."""
     stats = cache_stats_from_metrics(EngineKind.SGLANG, 'sglang:cache_hit_rate{dp_rank="0"} 0.42\n')
-    window = cumulative_hit_rate(stats)
-    assert (window.hit_rate, window.source) == (pytest.approx(0.42), HitRateSource.GAUGE)
+    assert stats == CacheStats(None, None)
+    assert cumulative_hit_rate(stats).source is HitRateSource.NONE
 
 
 def test_llamacpp_queried_is_processed_plus_cached() -> None:
@@ -243,9 +250,51 @@ def test_detect_engine_from_names() -> None:
     assert detect_engine(parse_prometheus_text("process_cpu_seconds_total 1\n")) is None
 
 
-def test_openai_kind_has_no_counters() -> None:
-    with pytest.raises(ValueError, match="openai"):
-        cache_stats_from_metrics(EngineKind.OPENAI, "")
+def test_openai_kind_reads_the_counters_its_names_show() -> None:
+    assert cache_stats_from_metrics(EngineKind.OPENAI, VLLM_METRICS) == CacheStats(4000.0, 3200.0)
+    with pytest.raises(ValueError, match="no vllm:, sglang: or llamacpp: counters"):
+        cache_stats_from_metrics(EngineKind.OPENAI, "process_cpu_seconds_total 1\n")
+
+
+@pytest.mark.parametrize(
+    ("kind", "text"),
+    [
+        (EngineKind.VLLM, VLLM_METRICS),
+        (EngineKind.SGLANG, SGLANG_METRICS),
+        (EngineKind.LLAMACPP, LLAMACPP_METRICS),
+        (EngineKind.OPENAI, VLLM_METRICS),
+        # Where the four mappings used to disagree: vLLM's pre-rename counter names, a llama-server
+        # behind the generic adapter.
+        (EngineKind.VLLM, "vllm:gpu_prefix_cache_queries_total 500\nvllm:gpu_prefix_cache_hits_total 125\n"),
+        (EngineKind.OPENAI, LLAMACPP_METRICS),
+    ],
+)
+def test_cli_and_daemon_read_the_same_figure_from_one_metrics_page(
+    metrics_pages: MetricsPagesFactory, kind: EngineKind, text: str
+) -> None:
+    """One recorded /metrics body, served on loopback: `warmer hitrate` and the daemon's engine adapter
+    (what the hit-rate monitor scrapes through EnginePort.cache_stats) report the same counters."""
+    server = metrics_pages([text])
+    cli = CliRunner().invoke(hitrate, ["--metrics-url", server.url, "--json"])
+    assert cli.exit_code == 0, cli.output
+    window = json.loads(cli.output)["window"]
+
+    base_url = server.url.removesuffix("/metrics")
+    box = BoxSpec(id="b", base_url=base_url, engine=kind, model="m")
+
+    async def scrape() -> CacheStats:
+        async with httpx.AsyncClient() as client:
+            adapters = {
+                EngineKind.VLLM: VllmEngine(client),
+                EngineKind.SGLANG: SglangEngine(client),
+                EngineKind.LLAMACPP: LlamaCppEngine(client),
+                EngineKind.OPENAI: OpenAICompatibleEngine(client),
+            }
+            return await EngineDispatcher(adapters).cache_stats(box)
+
+    daemon = asyncio.run(scrape())
+    assert (daemon.queried_tokens, daemon.hit_tokens) == (window["queried_tokens"], window["hit_tokens"])
+    assert cumulative_hit_rate(daemon).hit_rate == pytest.approx(window["hit_rate"])
 
 
 def test_prometheus_text_labels_escapes_and_special_values() -> None:

@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from warmer.core.errors import EngineUnavailable, NotSupported
 from warmer.core.hitrate import HitRateStatus
-from warmer.core.model import BoxSpec, CacheStats, EngineKind
+from warmer.core.model import BoxSpec, CacheLayout, CacheStats, EngineKind
 from warmer.service.hitrate_monitor import (
     EVENT_BELOW,
     EVENT_RECOVERED,
@@ -42,6 +42,9 @@ class CountingEngine:
 
     def restart(self, box_id: str) -> None:
         self.counters[box_id] = [0.0, 0.0]
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         if box.id in self.fail:

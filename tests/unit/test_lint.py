@@ -2,22 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import click
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR, REPO, byte_tokenize, chatml, spec, word_tokenize
+from tests.unit.prompt_helpers import (
+    AGENTS_DIR,
+    MODELS_DIR,
+    REPO,
+    byte_tokenize,
+    chatml,
+    spec,
+    tool,
+    word_tokenize,
+)
+from tests.unit.test_prefix import TOOLS_AFTER_SYSTEM
 from warmer.cli import main
 from warmer.cli.prompts import PROMPT_TOOLS_KEY, lint_command, render_command
 from warmer.config.agents import load_agent_specs
+from warmer.core.agents import AgentSpec, FewShotMessage
+from warmer.core.chat_template import ChatTemplate
 from warmer.core.lint import (
+    Finding,
+    SpecPlace,
     TokenCountObservation,
     detect_tokenizer_drift,
     lint_agent,
     looks_per_call,
     scan_static_text,
+)
+from warmer.core.lint_report import (
+    FileLine,
+    LocatedFinding,
+    github_annotations,
+    locate,
+    locate_finding,
+    sarif_log,
 )
 from warmer.core.model import ModelProfile, prefix_hash
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
@@ -58,7 +83,9 @@ def test_early_value_reports_position_cost_and_advice() -> None:
     assert advice == {"move {now} from block 'persona' line 2 to the dynamic tail"}
     static = [f for f in result.findings if f.code == "per-call-value-in-static-text"]
     assert [f.location for f in static] == ["block 'persona' line 2", "block 'persona' line 2"]
-    assert "already there" in next(f.advice for f in static if "{customer_name}" in f.message)
+    assert "the dynamic tail already has it" in next(
+        f.advice for f in static if "{customer_name}" in f.message
+    )
 
 
 def test_good_layout_has_no_findings_and_ideal_share() -> None:
@@ -195,10 +222,11 @@ def test_cli_lint_passes_the_fixed_layout_alone() -> None:
 
 
 def test_cli_lint_text_names_position_and_advice() -> None:
-    result = CliRunner().invoke(lint_command, ["outbound-sales-early", *DIRS])
-    assert result.exit_code == 0  # no --min-share: report only
+    result = CliRunner().invoke(lint_command, ["outbound-sales-early", *DIRS, "--report-only"])
+    assert result.exit_code == 0, result.output  # report only: the error findings do not fail the run
     assert "first per-call value at token" in result.output
     assert "move {now} from block 'persona' line 1 to the dynamic tail" in result.output
+    assert "FAIL" not in result.output
 
 
 def test_cli_render_json_is_the_exact_prefix() -> None:
@@ -222,7 +250,8 @@ def test_cli_render_text_and_unknown_agent() -> None:
 
 
 def test_cli_is_registered_and_uses_the_group_config() -> None:
-    result = CliRunner().invoke(main, ["--config", str(REPO / "config" / "example.toml"), "lint", "--json"])
+    args = ["--config", str(REPO / "config" / "example.toml"), "lint", "--json", "--report-only"]
+    result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert {row["agent"] for row in json.loads(result.output)} == {"outbound-sales", "outbound-sales-early"}
 
@@ -247,3 +276,241 @@ def test_cli_render_uses_injected_engine_tools() -> None:
     assert seen == ["tiny-demo"]
     assert body["token_ids"] == word_tokenize(body["text"])
     assert body["text"].endswith("Customer:")  # word tokens: the space belongs to the name
+
+
+# --- repeated heuristic warnings ------------------------------------------------------------------------
+
+
+def test_a_table_of_opening_hours_is_one_warning_with_a_count_and_the_first_places() -> None:
+    days = ("Mon", "Tue", "Wed", "Thu", "Fri")
+    table = "\n".join(f"Store {i} {days[i % 5]}: opens 09:{i % 60:02d}" for i in range(45))
+    agent = spec(blocks=(("persona", "You are Maya."), ("reference", "Opening hours:\n" + table)))
+
+    findings = [
+        f for f in lint_agent(agent, chatml, byte_tokenize).findings if f.code == "looks-per-call-time"
+    ]
+
+    assert len(findings) == 1
+    (finding,) = findings
+    assert finding.count == 45
+    assert [p.describe() for p in finding.places] == [f"block 'reference' line {n}" for n in (2, 3, 4)]
+    assert finding.location == "block 'reference' line 2"
+    assert "45 values" in finding.message
+    assert "'09:00' (block 'reference' line 2)" in finding.message
+    assert "and 42 more" in finding.message
+
+
+def test_one_per_call_looking_value_keeps_its_single_message() -> None:
+    agent = spec(blocks=(("persona", "You are Maya."), ("reference", "It is 14:05 now.")))
+    (finding,) = scan_static_text(agent)
+    assert finding.count == 1
+    assert finding.message == "time '14:05' in static text looks like a per-call value"
+
+
+# --- where the dynamic tail is rendered -----------------------------------------------------------------
+
+
+def _tools_after_system() -> ChatTemplate:
+    return ChatTemplate(TOOLS_AFTER_SYSTEM)
+
+
+def test_system_end_tail_before_the_tools_reports_their_cost_and_an_own_message() -> None:
+    template = _tools_after_system()
+    tools = (tool("send_offer_link", "Send the offer link. " * 20), tool("end_call"))
+    agent = spec(tools=tools, placement="system_end")
+    as_message = spec(tools=tools, placement="message")
+
+    result = lint_agent(agent, template, byte_tokenize)
+    fixed = compute_stable_prefix(as_message, template, byte_tokenize)
+
+    assert result.tool_tokens > 900
+    assert result.ideal_placement == "message"
+    assert result.ideal_stable_tokens == fixed.token_count  # the ideal is the tail as its own message
+    assert (
+        result.wasted_tokens_per_call == fixed.token_count - result.stable_prefix_tokens > result.tool_tokens
+    )
+    (finding,) = [f for f in result.findings if f.code == "tools-after-dynamic-tail"]
+    assert f"({result.tool_tokens} tokens)" in finding.message
+    assert 'placement = "message"' in finding.advice
+    assert f"{result.wasted_tokens_per_call} more tokens per call" in finding.advice
+    assert [p.where for p in finding.places] == ["dynamic.placement"]
+
+
+def test_a_value_in_static_text_and_in_a_system_end_tail_is_dropped_not_moved() -> None:
+    """The field case: lint said '40 wasted tokens, move {now} to the tail' while the tail already had it
+    and every tool sat behind that tail."""
+    template = _tools_after_system()
+    tools = (tool("send_offer_link", "Send the offer link. " * 20), tool("end_call"))
+    agent = spec(
+        blocks=(("persona", "You are Maya.\nBe kind. It is {now}."),), tools=tools, placement="system_end"
+    )
+
+    result = lint_agent(agent, template, byte_tokenize)
+
+    codes = [f.code for f in result.findings]
+    assert "tools-after-dynamic-tail" in codes
+    assert "tools-after-dynamic-value" not in codes  # moving {now} into the tail would not reach the tools
+    assert result.wasted_tokens_per_call > result.tool_tokens > 900
+    for f in result.findings:
+        assert "to the dynamic tail" not in f.advice, f
+    static = next(f for f in result.findings if f.code == "per-call-value-in-static-text")
+    assert static.advice.startswith("drop {now} from block 'persona' line 2: the dynamic tail already has it")
+    early = next(f for f in result.findings if f.code == "early-per-call-value")
+    assert 'placement = "message"' in early.advice
+
+
+def test_a_system_end_tail_with_nothing_after_it_wastes_nothing() -> None:
+    agent = spec(tools=(tool("end_call"),), placement="system_end")  # ChatML renders no tools
+    result = lint_agent(agent, chatml, byte_tokenize)
+    assert result.findings == ()
+    assert result.wasted_tokens_per_call == 0
+    assert result.ideal_placement == "system_end"
+    assert result.tool_tokens == 0
+
+
+def test_few_shot_messages_behind_a_system_end_tail_are_reported() -> None:
+    base = spec(placement="system_end")
+    agent = dataclasses.replace(
+        base, few_shot=(FewShotMessage("user", "Hi, who is this?"), FewShotMessage("assistant", "Maya here."))
+    )
+    result = lint_agent(agent, chatml, byte_tokenize)
+    (finding,) = result.findings
+    assert finding.code == "few-shot-after-dynamic-tail"
+    assert result.ideal_placement == "message"
+    assert result.wasted_tokens_per_call > len(byte_tokenize("Hi, who is this?"))
+
+
+def test_tools_after_a_static_value_cost_is_reported() -> None:
+    template = _tools_after_system()
+    agent = spec(blocks=(("persona", "You are Maya. Call {customer_name}."),), tools=(tool("end_call"),))
+    result = lint_agent(agent, template, byte_tokenize)
+    (finding,) = [f for f in result.findings if f.code == "tools-after-dynamic-value"]
+    assert f"({result.tool_tokens} tokens)" in finding.message
+    assert result.tool_tokens > 0
+    assert finding.advice.startswith("drop {customer_name}")  # the tail has it too
+
+
+# --- gating: exit codes -----------------------------------------------------------------------------------
+
+
+def test_cli_lint_fails_on_error_findings_unless_report_only() -> None:
+    failing = CliRunner().invoke(lint_command, ["outbound-sales-early", *DIRS])
+    assert failing.exit_code == 1, failing.output
+    assert "FAIL outbound-sales-early: 3 error-level finding(s)" in failing.output
+    clean = CliRunner().invoke(lint_command, ["outbound-sales", *DIRS])
+    assert clean.exit_code == 0, clean.output
+
+
+def test_cli_report_only_keeps_the_min_share_gate() -> None:
+    result = CliRunner().invoke(lint_command, [*DIRS, "--report-only", "--min-share", "0.8"])
+    assert result.exit_code == 1, result.output
+    assert "FAIL outbound-sales-early: stable share" in result.output
+    assert "error-level finding" not in result.output
+
+
+def test_cli_json_and_another_format_disagree() -> None:
+    result = CliRunner().invoke(lint_command, [*DIRS, "--json", "--format", "sarif"])
+    assert result.exit_code == 2
+    assert "--json and --format sarif disagree" in result.output
+
+
+# --- SARIF and GitHub annotations --------------------------------------------------------------------------
+
+
+def _sarif_schema() -> dict[str, object]:
+    # OASIS SARIF 2.1.0 (errata01) schema, copied from oasis-tcs/sarif-spec
+    # sarif-2.1/schema/sarif-schema-2.1.0.json @ e0583813964ec43cea53b6b531b402866095ed1f.
+    loaded: dict[str, object] = json.loads((REPO / "tests" / "data" / "sarif-schema-2.1.0.json").read_text())
+    return loaded
+
+
+def test_cli_sarif_is_valid_sarif_and_points_at_the_spec_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(lint_command, [*DIRS, "--format", "sarif", "--min-share", "0.8"])
+    assert result.exit_code == 1, result.output
+    log = json.loads(result.output)
+
+    jsonschema.Draft4Validator(_sarif_schema()).validate(log)  # raises with the failing path
+    (run,) = log["runs"]
+    rule_ids = [rule["id"] for rule in run["tool"]["driver"]["rules"]]
+    results = run["results"]
+    assert (
+        {r["ruleId"] for r in results}
+        == set(rule_ids)
+        == {
+            "per-call-value-in-static-text",
+            "early-per-call-value",
+            "below-min-share",
+        }
+    )
+    for r in results:
+        assert rule_ids[r["ruleIndex"]] == r["ruleId"]
+        assert r["level"] == "error"
+        assert r["properties"]["agent"] == "outbound-sales-early"
+    early = next(r for r in results if r["ruleId"] == "early-per-call-value")
+    where = early["locations"][0]["physicalLocation"]
+    uri, line = where["artifactLocation"]["uri"], where["region"]["startLine"]
+    assert uri == "config/agents/outbound-sales-early.toml"
+    assert "{now}" in (REPO / uri).read_text().split("\n")[line - 1]
+
+
+def test_sarif_lists_the_further_places_of_a_grouped_warning() -> None:
+    table = "\n".join(f"Desk {i}: opens 09:{i:02d}" for i in range(6))
+    agent = spec(blocks=(("reference", table),))
+    (finding,) = scan_static_text(agent)
+    item = locate_finding(agent, finding, lambda _: None)
+    log = sarif_log([item], tool_version="0")
+    jsonschema.Draft4Validator(_sarif_schema()).validate(log)
+    (result,) = log["runs"][0]["results"]  # type: ignore[index]
+    assert result["properties"]["count"] == 6
+    assert len(result["relatedLocations"]) == 2
+
+
+def test_github_annotations_escape_like_the_actions_toolkit() -> None:
+    """actions/toolkit packages/core/src/command.ts @ 4b9afa4c: data escapes % CR LF; properties also : ,"""
+    finding = Finding("looks-per-call-time", "warning", "50% at 9:30,\nthen", location="x")
+    item = LocatedFinding("a,b", finding, (FileLine("dir:x/spec.toml", 7),))
+    (line,) = github_annotations([item])
+    assert line == (
+        "::warning file=dir%3Ax/spec.toml,line=7,title=warmer lint looks-per-call-time (a%2Cb)"
+        "::a,b: 50%25 at 9:30,%0Athen"
+    )
+
+
+def test_cli_github_annotations_point_at_the_spec_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    result = CliRunner().invoke(lint_command, [*DIRS, "--format", "github"])
+    assert result.exit_code == 1
+    lines = result.output.strip().split("\n")
+    assert len(lines) == 3
+    assert all(ln.startswith("::error file=config/agents/outbound-sales-early.toml,line=10,") for ln in lines)
+
+
+def test_cli_formats_outside_the_repository_use_absolute_paths(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    spec_file = (AGENTS_DIR / "outbound-sales-early.toml").resolve()
+    github = CliRunner().invoke(lint_command, [*DIRS, "--format", "github"])
+    assert github.output.startswith(f"::error file={spec_file.as_posix()},line=10,")
+    sarif = json.loads(CliRunner().invoke(lint_command, [*DIRS, "--format", "sarif"]).output)
+    where = sarif["runs"][0]["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert where["uri"] == spec_file.as_uri()
+
+
+def test_locate_follows_included_files_the_tail_and_fields(examples: dict[str, object]) -> None:
+    early = examples["outbound-sales-early"]
+    assert isinstance(early, AgentSpec)
+
+    def read(path: str) -> str | None:
+        return (REPO / path).read_text() if (REPO / path).is_file() else None
+
+    rules = locate(early, SpecPlace("block", "reference", 4), read)
+    assert rules.path.endswith("outbound-sales/reference.md")
+    assert rules.line == 4
+    source = Path(early.source).read_text().split("\n")
+    tail = locate(early, SpecPlace("tail", "dynamic.template", 3), lambda p: Path(p).read_text())
+    assert source[tail.line - 1].startswith("Phone: {customer_phone}")
+    field_line = locate(early, SpecPlace("field", "dynamic.role"), lambda p: Path(p).read_text())
+    assert source[field_line.line - 1].startswith("role =")
+    assert locate(early, SpecPlace("spec"), lambda p: None).line == 1

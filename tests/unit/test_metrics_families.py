@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from warmer.config.settings import Settings
-from warmer.core.model import BoxSpec, CacheStats, EngineKind
+from warmer.core.model import BoxSpec, CacheLayout, CacheStats, EngineKind
 from warmer.core.promtext import parse_prometheus_text
 from warmer.root.app import ManagedStore, build
 from warmer.service.gateway_sync import GatewaySync
@@ -59,6 +59,9 @@ class Ready:
 class Counters:
     def __init__(self) -> None:
         self.queried, self.hits = 0.0, 0.0
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         return CacheStats(queried_tokens=self.queried, hit_tokens=self.hits)

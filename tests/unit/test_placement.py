@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from warmer.core.placement import (
     AgentDemand,
     PlacementConfig,
     UnplacedReason,
+    fit_to_capacity,
     handover,
     mix64,
     movement,
@@ -99,6 +101,24 @@ def test_short_capacity_gives_partial_then_unplaced() -> None:
     none_left = place(boxes(1), agents(3), PlacementConfig(max_agents_per_box=1, min_group_size=1))
     assert len(none_left.groups) == 1
     assert set(none_left.unplaced.values()) == {UnplacedReason.CAPACITY}
+
+
+def test_coverage_comes_before_spill_room_when_cache_is_short() -> None:
+    """6 agents wanting 2 boxes each on 3 boxes that hold 2 prompts each (llama.cpp, 2 slots): every agent
+    is warm on one box, instead of 3 agents on 2 boxes and 3 agents nowhere (or 12 prefixes on 6 slots)."""
+    fleet = [replace(b, prefix_capacity=2) for b in boxes(3)]
+    demand = [AgentDemand(f"agent-{i}", "m", 3000, calls_per_minute=60.0 / (i + 1)) for i in range(6)]
+    result = place(fleet, demand, PlacementConfig(min_group_size=2, max_group_size=4))
+    assert not result.unplaced
+    assert all(len(group) == 1 for group in result.groups.values())
+    held = Counter(b for g in result.groups.values() for b in g)
+    assert held == {"box-0": 2, "box-1": 2, "box-2": 2}
+    # with room to spare the busiest agents get their spill boxes, the quiet ones keep one
+    roomy = [replace(b, prefix_capacity=3) for b in boxes(3)]
+    wider = place(roomy, demand, PlacementConfig(min_group_size=2, max_group_size=4))
+    assert len(wider.groups["agent-0"]) == 2
+    assert all(len(g) >= 1 for g in wider.groups.values())
+    assert max(Counter(b for g in wider.groups.values() for b in g).values()) <= 3
 
 
 def test_cache_capacity_counts_a_shared_prefix_once() -> None:
@@ -200,6 +220,7 @@ def test_adding_one_box_moves_about_one_nth() -> None:
     ),
     cap=st.integers(min_value=1, max_value=6),
     dedicated=st.one_of(st.none(), st.floats(min_value=50, max_value=250)),
+    prefix_caps=st.lists(st.one_of(st.none(), st.integers(min_value=1, max_value=4)), min_size=1, max_size=5),
 )
 def test_caps_are_never_violated(
     n_boxes: int,
@@ -207,6 +228,7 @@ def test_caps_are_never_violated(
     demand: list[tuple[int, float, str, str]],
     cap: int,
     dedicated: float | None,
+    prefix_caps: list[int | None],
 ) -> None:
     fleet = [
         BoxSpec(
@@ -215,6 +237,7 @@ def test_caps_are_never_violated(
             engine=EngineKind.VLLM,
             model=("m1", "m2")[i % 2],
             cache_capacity_tokens=capacities[i % len(capacities)],
+            prefix_capacity=prefix_caps[i % len(prefix_caps)],
         )
         for i in range(n_boxes)
     ]
@@ -243,9 +266,11 @@ def test_caps_are_never_violated(
     for box_id, held in on_box.items():
         assert len(held) <= cap
         capacity = spec[box_id].cache_capacity_tokens
+        distinct = {a.prefix_hash or a.agent_id: a.prefix_tokens for a in held}
         if capacity is not None:
-            distinct = {a.prefix_hash or a.agent_id: a.prefix_tokens for a in held}
             assert sum(distinct.values()) <= capacity
+        if spec[box_id].prefix_capacity is not None:
+            assert len(distinct) <= spec[box_id].prefix_capacity
         if any(a.agent_id in result.dedicated for a in held):
             assert len(held) == 1
     # every agent is accounted for exactly once
@@ -280,3 +305,22 @@ def test_handover_other_cases() -> None:
     assert result.routing["gone"] == ("b1",)  # unplaced now: keeps its old route rather than none
     assert result.routing["moved"] == ("b1",)  # b9 left the fleet; b2 not warm yet
     assert result.keep_warm["moved"] == ("b2", "b1")
+
+
+def test_retained_boxes_never_push_a_box_past_its_prefix_capacity() -> None:
+    """Move-before-switch keeps old boxes serving; on a box full with its new agents, a retained prefix
+    would be evicted by the next warm while still routed, so the quietest retained agent leaves it."""
+    spec = {b.id: replace(b, prefix_capacity=2) for b in boxes(2)}
+    previous = {"hot": ("box-0",), "quiet": ("box-1",), "mid": ("box-1",)}
+    target = {"hot": ("box-1",), "mid": ("box-1",)}  # box-0 drained; quiet fits nowhere now
+    prefix_of = {"hot": "p-hot", "quiet": "p-quiet", "mid": "p-mid"}
+    moving = handover(previous, target, prefix_of, warm=set())
+    assert moving.keep_warm["quiet"] == ("box-1",)  # without the fit: 3 prefixes on a 2-prompt box
+    fitted = fit_to_capacity(moving, target, prefix_of, spec, {"hot": 40.0, "mid": 10.0, "quiet": 1.0})
+    assert fitted.keep_warm["quiet"] == ()
+    assert fitted.routing["quiet"] == ()
+    assert fitted.keep_warm["hot"] == ("box-1", "box-0")  # hot keeps its old box until box-1 is warm
+    assert fitted.routing["hot"] == ("box-0",)
+    assert fitted.routing["mid"] == ("box-1",)
+    unlimited = {b.id: b for b in boxes(2)}
+    assert fit_to_capacity(moving, target, prefix_of, unlimited, {}) is moving

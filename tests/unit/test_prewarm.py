@@ -55,6 +55,7 @@ class FakeBackend:
     asked: list[tuple[str, float]] = field(default_factory=list)
     clock: FakeClock | None = None
     takes_seconds: float = 0.0
+    slots: dict[str, int] = field(default_factory=dict)
 
     def knows(self, agent_id: str) -> bool:
         return agent_id == "sales"
@@ -70,6 +71,9 @@ class FakeBackend:
 
     def box(self, box_id: str) -> BoxSpec | None:
         return self.boxes.get(box_id)
+
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        return self.slots.get(box_id)
 
 
 def run(ask: Coroutine[Any, Any, PrewarmAnswer]) -> PrewarmAnswer:
@@ -96,6 +100,30 @@ def test_pick_is_stable_per_call_and_follows_the_weights() -> None:
         before = pick_route(routes, f"call-{i}", rng).box_id
         if before != "b2":
             assert pick_route(without_b2, f"call-{i}", rng).box_id == before
+
+
+def test_a_burst_of_asks_spreads_over_the_warm_boxes_by_load_and_each_call_keeps_its_box() -> None:
+    """1,000 asks for a warm agent routed to three boxes: an even spread (the rendezvous pick alone lands
+    by chance, ~±30 here), a ramping box its slice, retries stay put, and a box leaving the route moves only
+    its own calls."""
+    clock = FakeClock()
+    backend = FakeBackend(
+        Answer("b1", WarmState.WARM, True), routes=(Route("b1", 1.0), Route("b2", 1.0), Route("b3", 1.0))
+    )
+    service = PrewarmService(backend, clock)
+    first = {f"c{i}": run(service.prewarm(PrewarmAsk("sales", call_id=f"c{i}"))).box_id for i in range(999)}
+    spread = Counter(first.values())
+    assert max(spread.values()) - min(spread.values()) <= 1
+    assert all(run(service.prewarm(PrewarmAsk("sales", call_id=f"c{i}"))).box_id == first[f"c{i}"]
+               for i in range(0, 999, 37))  # fmt: skip
+    backend.routes = (Route("b1", 1.0), Route("b3", 1.0))
+    moved = {c: run(service.prewarm(PrewarmAsk("sales", call_id=c))).box_id for c in list(first)[:300]}
+    assert all(moved[c] == first[c] for c in moved if first[c] != "b2")
+    assert {moved[c] for c in moved if first[c] == "b2"} <= {"b1", "b3"}
+    clock.t += 60.0  # the window has passed: a ramping box gets its slice of new calls
+    backend.routes = (Route("b1", 1.0), Route("b2", 0.1))
+    ramp = Counter(run(service.prewarm(PrewarmAsk("sales", call_id=f"n{i}"))).box_id for i in range(220))
+    assert ramp["b2"] == pytest.approx(20, abs=2)
 
 
 def test_meter_counts_asks_per_agent_over_its_window() -> None:
@@ -274,3 +302,11 @@ def test_a_burst_of_1000_asks_for_a_cold_agent_sends_exactly_one_warm_per_box(st
         await w.store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_routed_answer_names_the_slot_holding_the_prefix_where_slots_are_pinned() -> None:
+    backend = FakeBackend(Answer("b1", WarmState.WARM, True), routes=(Route("b1", 1.0),), slots={"b1": 1})
+    answer = run(PrewarmService(backend, FakeClock()).prewarm(PrewarmAsk("sales", call_id="c1")))
+    assert (answer.box_id, answer.slot, answer.as_json()["slot"]) == ("b1", 1, 1)
+    cold = FakeBackend(Answer("b1", WarmState.COLD, False), slots={"b1": 1})
+    assert run(PrewarmService(cold, FakeClock()).prewarm(PrewarmAsk("sales"))).slot is None  # not ready

@@ -9,14 +9,23 @@ import pytest
 
 from warmer.config.profiles import load_profile, load_profiles
 from warmer.core.errors import ConfigError
-from warmer.core.model import EngineKind, RestartRecipe
+from warmer.core.model import EngineKind, MambaStrategy, RestartRecipe
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
 
 def test_shipped_profiles_load_with_their_facts() -> None:
     profiles = load_profiles(MODELS_DIR)
-    assert {"tiny-demo", "dense-sglang", "dense-vllm", "hybrid-sglang", "tiny-vllm-cpu"} <= set(profiles)
+    assert {
+        "tiny-demo",
+        "dense-sglang",
+        "dense-sglang-paged",
+        "dense-vllm",
+        "hybrid-sglang-no-buffer",
+        "hybrid-sglang-extra-buffer",
+        "hybrid-vllm",
+        "tiny-vllm-cpu",
+    } <= set(profiles)
 
     tiny = profiles["tiny-demo"]
     assert (tiny.engine, tiny.slots, tiny.block_tokens) == (EngineKind.LLAMACPP, 2, 1)
@@ -25,9 +34,17 @@ def test_shipped_profiles_load_with_their_facts() -> None:
 
     assert (profiles["dense-sglang"].engine, profiles["dense-sglang"].slots) == (EngineKind.SGLANG, 48)
     assert (profiles["dense-vllm"].engine, profiles["dense-vllm"].block_tokens) == (EngineKind.VLLM, 16)
-    hybrid = profiles["hybrid-sglang"]
-    assert hybrid.running_state
-    assert hybrid.warm_requests_per_prefix == 3
+    no_buffer, extra = profiles["hybrid-sglang-no-buffer"], profiles["hybrid-sglang-extra-buffer"]
+    assert (no_buffer.running_state, no_buffer.mamba_strategy) == (True, MambaStrategy.NO_BUFFER)
+    assert (extra.running_state, extra.mamba_strategy, extra.mamba_chunk_size) == (
+        True,
+        MambaStrategy.EXTRA_BUFFER,
+        64,
+    )
+    # One bare-prefix warm per round now: the hybrid profiles no longer ask for several.
+    assert no_buffer.warm_requests_per_prefix == extra.warm_requests_per_prefix == 1
+    assert profiles["hybrid-vllm"].running_state
+    assert profiles["dense-sglang-paged"].block_tokens == 1  # the page size comes from the server
     cpu = profiles["tiny-vllm-cpu"]
     assert (cpu.engine, cpu.block_tokens, cpu.context_length) == (EngineKind.VLLM, 128, 2048)
 
@@ -89,3 +106,13 @@ def test_missing_directory_names_the_setting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as caught:
         load_profiles(tmp_path / "nope")
     assert caught.value.problems[0][0] == "fleet.models_dir"
+
+
+def test_mamba_strategy_only_on_running_state_models(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text('engine = "sglang"\nmamba_strategy = "no_buffer"\n')
+    with pytest.raises(ConfigError, match="running_state"):
+        load_profile(path)
+    path.write_text('engine = "sglang"\nrunning_state = true\nmamba_strategy = "sideways"\n')
+    with pytest.raises(ConfigError, match="mamba_strategy"):
+        load_profile(path)

@@ -9,12 +9,15 @@ engine's side, the way a real fleet would see them. No sleeping: the loop is ste
 from __future__ import annotations
 
 import asyncio
+import math
+from collections import Counter
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.reconciler_fakes import (
+    PREFIX_TOKENS,
     PROFILE,
     FakeClock,
     FakeEngine,
@@ -65,7 +68,13 @@ def test_restart_warmup_runs_before_prefixes_and_the_box_becomes_ready(store_url
         assert prompts[0][2] > 0  # sampled
         assert prompts[1][1] == dict(PROFILE.restart.constrained.json_schema)  # type: ignore[union-attr]
         long_tokens = len(await w.engine.tokenize(boxes("b1")[0], prompts[-1][0]))
-        assert PROFILE.context_length - 64 >= long_tokens >= 0.97 * (PROFILE.context_length - 64)
+        # sized to the longest prompt the box's calls send (the prefix x the recipe's headroom), not the
+        # whole context: a longer prefill is only warm traffic on every box at every restart
+        wanted = min(
+            PROFILE.context_length - 64, math.ceil(PREFIX_TOKENS * PROFILE.restart.long_prefill_headroom)
+        )
+        assert wanted < PROFILE.context_length - 64
+        assert wanted >= long_tokens >= 0.97 * wanted
         assert w.engine.max_in_flight_prompts >= 2  # the burst reached the slot count concurrently
 
         assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
@@ -423,5 +432,122 @@ def test_a_database_blip_fails_one_tick_and_the_loop_carries_on(store_url: str) 
         await asyncio.wait_for(loop, timeout=10)
         await blinking.close()
         await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_box_is_never_given_more_prefixes_than_its_engine_says_it_holds(store_url: str) -> None:
+    """Six agents wanting two boxes each on three boxes whose engines hold two prompts each (llama.cpp
+    with two slots): every agent is warm on one box, and everything routed is really in the engine's cache
+    (12 prefixes on 6 slots would evict what was just verified, and the routes would lie)."""
+
+    async def scenario() -> None:
+        names = [f"a{i}" for i in range(6)]
+        engine = FakeEngine(["b1", "b2", "b3"])
+        for box in engine.boxes.values():
+            box.holds = 2
+        w = world(store_url, ("b1", "b2", "b3"), names, engine=engine, min_group=2)
+        await settle(w.reconciler)
+        snapshot = w.reconciler.snapshot()
+        routed = {agent: route_boxes(w.reconciler, agent) for agent in names}
+        assert all(len(boxes_) == 1 for boxes_ in routed.values()), routed
+        for agent, (box_id,) in routed.items():
+            prefix = snapshot.prefixes[agent].prefix
+            assert prefix.token_ids in engine.boxes[box_id].cache, f"{agent} routed to {box_id}, not held"
+        per_box = [sum(1 for group in routed.values() if b in group) for b in ("b1", "b2", "b3")]
+        assert per_box == [2, 2, 2]
+        assert w.reconciler.ready_box_ids() == {"b1", "b2", "b3"}
+
+    asyncio.run(scenario())
+
+
+def test_a_draining_box_serves_its_agent_until_the_agent_is_warm_elsewhere(store_url: str) -> None:
+    """rollout.started on the only box of an agent: the agent is warmed on another box first, and the
+    draining box keeps its route until then, so no call is sent to a cold box while a warm one exists."""
+
+    async def scenario() -> None:
+        w = world(store_url, ("b1", "b2"), min_group=1)
+        await settle(w.reconciler)
+        (home,) = route_boxes(w.reconciler, "sales")
+        other = "b2" if home == "b1" else "b1"
+        w.engine.gate = asyncio.Event()  # hold the warm on the other box in flight
+        w.reconciler.drain_boxes([home], "rollout roll-1")
+        await w.reconciler.tick()
+        assert not w.engine.warms(other)  # the gate holds the warm there
+        assert route_boxes(w.reconciler, "sales") == [home]  # still serving: nothing warm elsewhere yet
+        assert w.reconciler.drained_boxes() == frozenset()
+        w.engine.gate.set()
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, "sales") == [other]
+        assert w.reconciler.drained_boxes() == {home}
+        assert w.reconciler.ready_box_ids() == {other}
+
+    asyncio.run(scenario())
+
+
+def test_a_box_that_goes_down_hands_its_agents_to_the_fleet_and_gets_them_back(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url, ("b1", "b2"), min_group=1)
+        await settle(w.reconciler)
+        (home,) = route_boxes(w.reconciler, "sales")
+        other = "b2" if home == "b1" else "b1"
+        w.engine.boxes[home].healthy = False
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, "sales") == [other]  # warmed there, not left without a route
+        w.engine.boxes[home].healthy = True
+        w.engine.restart(home)
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, "sales") == [home]  # the stable mapping comes back, warm
+        records = {(r.box_id, r.state) for r in await w.store.list_warm() if r.epoch.startswith("gen")}
+        assert (other, WarmState.WARM) not in records  # released on the stand-in once home served again
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_that_fits_nowhere_warm_gets_a_cold_box_named_not_a_refusal(store_url: str) -> None:
+    async def scenario() -> None:
+        engine = FakeEngine(["b1"])
+        engine.boxes["b1"].holds = 1
+        w = world(store_url, ("b1",), ("a1", "a2"), engine=engine, min_group=1)
+        await settle(w.reconciler)
+        placed = [a for a in ("a1", "a2") if route_boxes(w.reconciler, a)]
+        assert len(placed) == 1  # one prompt fits: the other agent is not warmed over it
+        (left_out,) = {"a1", "a2"} - set(placed)
+        answer = await w.reconciler.ensure_warm(left_out, wait_seconds=0.0)
+        assert (answer.box_id, answer.state, answer.routed) == ("b1", WarmState.COLD, False)
+        assert "cold" in answer.detail
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, placed[0]) == ["b1"]  # the warm agent kept its box
+        assert not w.engine.warms("b1")[1:]  # one warm in all: nothing thrashes the single prompt
+
+    asyncio.run(scenario())
+
+
+def test_on_pinnable_slots_each_prefix_gets_a_slot_of_its_own_and_keeps_it(store_url: str) -> None:
+    """llama.cpp keeps one prompt per slot and runs a request in the slot it names: two agents on a
+    two-slot box are warmed into different slots, and warmer's later requests for a prefix (probes after a
+    daemon restart here) name the same slot, so they never evict the neighbour."""
+
+    async def scenario() -> None:
+        engine = FakeEngine(["b1"])
+        engine.boxes["b1"].holds = 2
+        engine.boxes["b1"].pinnable = True
+        w = world(store_url, ("b1",), ("a1", "a2"), engine=engine, min_group=1)
+        await settle(w.reconciler)
+        warm_slots = {slot for box, kind, slot in engine.slots_named if kind == "warm"}
+        assert warm_slots == {0, 1}
+        pinned = {agent: w.reconciler.prefix_slot(agent, "b1") for agent in ("a1", "a2")}
+        assert set(pinned.values()) == {0, 1}
+        # every request of one warm (the warm and its verification) ran in the warm's slot
+        per_slot = Counter(slot for _, _, slot in engine.slots_named)
+        assert set(per_slot) == {0, 1}
+        engine.slots_named.clear()
+        await w.reconciler.drain()
+        w.reconciler.set_suspect("b1", True)  # probes of both prefixes
+        w.clock.t += 120.0
+        await settle(w.reconciler)
+        probes = [(kind, slot) for _, kind, slot in engine.slots_named if kind == "probe"]
+        assert sorted(slot for _, slot in probes) == [0, 1]
+        assert {agent: w.reconciler.prefix_slot(agent, "b1") for agent in ("a1", "a2")} == pinned
 
     asyncio.run(scenario())

@@ -85,9 +85,10 @@ def lint_json(tmp_path: Path, url: str) -> dict[str, object]:
         f'[database]\nurl = "{url}"\n[fleet]\nmodels_dir = "{MODELS_DIR}"\nagents_dir = "{AGENTS_DIR}"\n'
     )
     result = CliRunner().invoke(lint_command, ["--config", str(config), AGENT, "--json"])
-    assert result.exit_code == 0, result.output
     (report,) = json.loads(result.stdout)
     assert isinstance(report, dict)
+    # Drift is an error-level finding: it fails the run like any other error (the agent is otherwise clean).
+    assert result.exit_code == (1 if drift_findings(report) else 0), result.output
     return report
 
 

@@ -6,7 +6,16 @@ import asyncio
 from collections.abc import Sequence
 
 from warmer.core.errors import EngineUnavailable
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, ModelProfile, Prefix
+from warmer.core.model import (
+    BoxCapacity,
+    BoxSpec,
+    CacheLayout,
+    CacheStats,
+    CompletionReport,
+    EngineKind,
+    ModelProfile,
+    Prefix,
+)
 from warmer.service.warming import WarmExecutor
 
 BOX = BoxSpec(id="b", base_url="http://b:1", engine=EngineKind.SGLANG, model="m")
@@ -36,7 +45,7 @@ class FakeEngine:
         self.suffixes: list[str] = []
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         self.suffixes.append(suffix)
         if not suffix:
@@ -70,8 +79,14 @@ class FakeEngine:
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         raise NotImplementedError
 
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return CacheLayout()
+
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         raise NotImplementedError
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return BoxCapacity(source="fake")
 
 
 def report(prompt: int, cached: int) -> CompletionReport:
@@ -119,3 +134,34 @@ def test_a_prefix_of_unknown_size_is_never_verified() -> None:
     assert not outcome.verified
     assert outcome.reason is not None
     assert "unknown" in outcome.reason
+
+
+def test_hit_granularity_prefers_the_server_page_then_the_profile() -> None:
+    from warmer.core.model import CacheLayout, MambaStrategy
+    from warmer.core.warmstate import hit_granularity
+
+    dense = ModelProfile(name="m", engine=EngineKind.VLLM, block_tokens=16)
+    assert hit_granularity(dense, CacheLayout()) == 16
+    assert hit_granularity(dense, CacheLayout(page_tokens=128)) == 128
+    # A Mamba strategy on a dense model changes nothing.
+    assert hit_granularity(dense, CacheLayout(page_tokens=1, mamba_strategy=MambaStrategy.EXTRA_BUFFER)) == 1
+    mamba = ModelProfile(name="h", engine=EngineKind.SGLANG, running_state=True, mamba_chunk_size=64)
+    extra = MambaStrategy.EXTRA_BUFFER
+    assert hit_granularity(mamba, CacheLayout(page_tokens=1, mamba_strategy=extra)) == 64
+    assert hit_granularity(mamba, CacheLayout(page_tokens=256, mamba_strategy=extra)) == 256
+    assert (
+        hit_granularity(mamba, CacheLayout(page_tokens=16, mamba_strategy=extra, mamba_chunk_tokens=192))
+        == 192
+    )
+    assert hit_granularity(mamba, CacheLayout(page_tokens=1, mamba_strategy=MambaStrategy.NO_BUFFER)) == 1
+
+
+def test_hit_granularity_uses_the_profile_strategy_only_when_the_server_names_none() -> None:
+    from warmer.core.model import CacheLayout, MambaStrategy
+    from warmer.core.warmstate import hit_granularity
+
+    extra = ModelProfile(
+        name="h", engine=EngineKind.SGLANG, running_state=True, mamba_strategy=MambaStrategy.EXTRA_BUFFER
+    )
+    assert hit_granularity(extra, CacheLayout()) == 64
+    assert hit_granularity(extra, CacheLayout(page_tokens=1, mamba_strategy=MambaStrategy.NO_BUFFER)) == 1

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, FastAPI
 
-from warmer.api import boxes, campaigns, deploy, health, prewarm
+from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm
 from warmer.api.services import ApiServices, Readiness
 from warmer.api.storeerrors import store_unavailable
 from warmer.core.errors import StoreError
@@ -20,6 +20,7 @@ ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
     boxes.router,
     prewarm.router,
     campaigns.router,
+    capacity.router,
     deploy.router,
 )
 

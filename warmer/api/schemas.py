@@ -12,6 +12,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from warmer.core.capacity import AgentCapacity, BoxCapacity
 from warmer.service.status import AgentRoutes, BoxView
 
 
@@ -82,6 +83,7 @@ class PrewarmAnswerBody(BaseModel):
     ready: bool
     waited_ms: int
     detail: str
+    slot: int | None = Field(default=None, description="llama.cpp: the slot holding the prefix (id_slot).")
 
 
 class StoredCampaign(BaseModel):
@@ -99,6 +101,13 @@ class StoredCampaign(BaseModel):
 
 class CampaignList(BaseModel):
     campaigns: list[StoredCampaign]
+
+
+class CapacityTable(BaseModel):
+    safe_fraction: float
+    unit: str
+    agents: dict[str, AgentCapacity] = Field(description="Agent id -> its group's prefill budget.")
+    boxes: dict[str, BoxCapacity] = Field(description="Box id -> its prefill budget.")
 
 
 class FieldProblem(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
@@ -16,6 +17,7 @@ from pydantic import SecretStr
 import warmer
 from warmer.config.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.service.campaigns import CampaignService
+from warmer.service.capacity import CapacityReport
 from warmer.service.deploy import DeployHandler
 from warmer.service.prewarm import PrewarmService
 from warmer.service.status import StatusQueries
@@ -27,6 +29,12 @@ class Readiness:
 
     ready: bool
     reason: str = ""
+
+
+class CapacityQueries(Protocol):
+    """What `GET /v1/capacity` asks (`warmer.service.capacity.CapacityService` answers)."""
+
+    async def report(self) -> CapacityReport: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +51,4 @@ class ApiServices:
     deploy: DeployHandler | None = None  # signed deploy webhook (POST /v1/events/deploy)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # prewarm and campaign bodies; bigger is 413
     webhook_max_body_bytes: int = DEFAULT_WEBHOOK_MAX_BODY_BYTES  # deploy webhook bodies; bigger is 413
+    capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)

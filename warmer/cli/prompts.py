@@ -4,7 +4,9 @@ Thin shell: loading is `warmer.config`, computing is `warmer.core.prefix` / `war
 Rendering and tokenizing are offline by default (the model profile's chat template + tokenizer file).
 Seam for engine-backed rendering: put a `PromptToolsFactory` under `ctx.meta[PROMPT_TOOLS_KEY]` (e.g. one
 that calls a box's `/apply-template` + `/tokenize`); these commands then use it instead.
-Exit codes: 0 ok, 1 an agent is below `--min-share`, 2 configuration error (so CI can tell them apart).
+Exit codes: 0 ok, 1 an agent has an error-level finding (unless `--report-only`) or is below `--min-share`,
+2 configuration error (so CI can tell them apart). `--format sarif|github` prints SARIF 2.1.0 for code
+scanning or GitHub Actions annotations, each pointing at the spec file line to change.
 `lint` also reports tokenizer drift when the configured database (never created or migrated here) holds
 an earlier token count of the same prefix text that differs materially from today's.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import click
 
+from warmer import __version__
 from warmer.adapters.store import read_prefix_token_history
 from warmer.config.agents import load_agent_specs
 from warmer.config.loader import load_config
@@ -30,11 +33,13 @@ from warmer.core.errors import ConfigError, StoreUnavailable
 from warmer.core.lint import (
     AgentLint,
     Finding,
+    SpecPlace,
     TokenCountObservation,
     detect_tokenizer_drift,
     lint_agent,
     shared_prefixes,
 )
+from warmer.core.lint_report import LocatedFinding, github_annotations, locate_finding, sarif_log
 from warmer.core.model import ModelProfile, prefix_hash
 from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
 
@@ -42,6 +47,7 @@ PromptToolsFactory = Callable[[ModelProfile], tuple[RenderFn, TokenizeFn]]
 
 PROMPT_TOOLS_KEY = "warmer.prompt_tools"
 EXIT_BELOW_MIN_SHARE = 1
+EXIT_LINT_ERRORS = 1  # like every linter: error-level findings fail the run (--report-only opts out)
 EXIT_CONFIG_ERROR = 2
 # Engine version lint records for its own count when the prompt tools are injected (not the offline
 # profile files): drift is then judged against the newest recorded count of any version.
@@ -234,17 +240,92 @@ def _finding_line(finding: Finding) -> str:
     return line + (f"\n      -> {finding.advice}" if finding.advice else "")
 
 
+def _read_spec_file(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _repo_path(path: str) -> str:
+    """A spec path relative to the working directory (the repository root in CI), else absolute."""
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return resolved.as_posix()
+
+
+def _repo_uri(path: str) -> str:
+    """SARIF artifact URI: repository-relative when under the working directory, else a file URI."""
+    relative = _repo_path(path)
+    return relative if not relative.startswith("/") else Path(relative).as_uri()
+
+
+def _located(
+    results: list[AgentLint], specs: Mapping[str, AgentSpec], below: list[AgentLint], min_share: float | None
+) -> list[LocatedFinding]:
+    """Every finding with the spec file lines it points at; an agent below --min-share is one more."""
+    items: list[LocatedFinding] = []
+    for result in results:
+        spec = specs[result.agent]
+        findings = list(result.findings)
+        if result in below and min_share is not None:
+            findings.append(
+                Finding(
+                    code="below-min-share",
+                    severity="error",
+                    message=f"stable share {result.stable_share:.1%} < --min-share {min_share:.1%}",
+                    location="the spec",
+                    places=(SpecPlace("spec"),),
+                )
+            )
+        items += [locate_finding(spec, f, _read_spec_file) for f in findings]
+    return items
+
+
+def _echo_text(results: list[AgentLint], shared: Mapping[str, list[str]]) -> None:
+    for result in results:
+        click.echo(
+            f"{result.agent} ({result.model}): {result.stable_prefix_tokens} stable tokens of "
+            f"{result.turn1_prompt_tokens} ({result.stable_share:.1%}; ideal {result.ideal_share:.1%}); "
+            f"first per-call value at token {result.first_dynamic_token_offset}"
+            + (f" in {result.first_dynamic_location}" if result.first_dynamic_location else "")
+            + (
+                f"; wastes {result.wasted_tokens_per_call} tokens per call"
+                if result.wasted_tokens_per_call
+                else ""
+            )
+        )
+        others = [a for a in shared.get(result.prefix_hash, []) if a != result.agent]
+        if others:
+            click.echo(f"  [info] shares its prefix (one cache entry) with: {', '.join(others)}")
+        for finding in result.findings:
+            click.echo(_finding_line(finding))
+
+
 @click.command("lint")
 @click.argument("agent_ids", nargs=-1, metavar="[AGENT...]")
 @_config_options
 @click.option(
-    "--json", "as_json", is_flag=True, help="Machine-readable output: a JSON list, one object per agent."
+    "--format",
+    "output_format",
+    type=click.Choice(["text", "json", "sarif", "github"]),
+    default=None,
+    help="text (default); json: one object per agent; sarif: SARIF 2.1.0 for code scanning; "
+    "github: GitHub Actions annotations.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option(
     "--min-share",
     type=click.FloatRange(0.0, 1.0),
     default=None,
     help="Exit 1 when any agent's stable share of its turn-1 prompt is below this (for prompt CI).",
+)
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="Exit 0 despite error-level findings (--min-share still fails the run when given).",
 )
 @click.pass_context
 def lint_command(
@@ -254,10 +335,18 @@ def lint_command(
     agents_dir: Path | None,
     models_dir: Path | None,
     samples: int,
+    output_format: str | None,
     as_json: bool,
     min_share: float | None,
+    report_only: bool,
 ) -> None:
-    """Per agent: stable-prefix tokens, share of turn 1, where the first per-call value sits, advice."""
+    """Per agent: stable-prefix tokens, share of turn 1, where the first per-call value sits, advice.
+
+    Exits 1 when any agent has an error-level finding (unless --report-only) or is below --min-share.
+    """
+    if as_json and output_format not in (None, "json"):
+        raise click.UsageError(f"--json and --format {output_format} disagree: give one of them")
+    fmt = "json" if as_json else output_format or "text"
     results: list[AgentLint] = []
     stables: list[StablePrefix] = []
     counts: list[TokenCountObservation] = []
@@ -284,8 +373,9 @@ def lint_command(
         click.echo(f"note: tokenizer drift not checked: {history_problem}", err=True)
     shared = shared_prefixes(stables)
     below = [r for r in results if min_share is not None and r.stable_share < min_share]
+    failing = [] if report_only else [r for r in results if r.errors]
 
-    if as_json:
+    if fmt == "json":
         payload = []
         for result in results:
             data = result.as_json()
@@ -293,27 +383,26 @@ def lint_command(
             data["below_min_share"] = result in below
             payload.append(data)
         click.echo(json.dumps(payload, ensure_ascii=False, indent=2))
+    elif fmt == "sarif":
+        log = sarif_log(
+            _located(results, agents, below, min_share), tool_version=__version__, uri_of=_repo_uri
+        )
+        click.echo(json.dumps(log, ensure_ascii=False, indent=2))
+    elif fmt == "github":
+        for line in github_annotations(_located(results, agents, below, min_share), path_of=_repo_path):
+            click.echo(line)
     else:
-        for result in results:
-            click.echo(
-                f"{result.agent} ({result.model}): {result.stable_prefix_tokens} stable tokens of "
-                f"{result.turn1_prompt_tokens} ({result.stable_share:.1%}; ideal {result.ideal_share:.1%}); "
-                f"first per-call value at token {result.first_dynamic_token_offset}"
-                + (f" in {result.first_dynamic_location}" if result.first_dynamic_location else "")
-                + (
-                    f"; wastes {result.wasted_tokens_per_call} tokens per call"
-                    if result.wasted_tokens_per_call
-                    else ""
-                )
-            )
-            others = [a for a in shared.get(result.prefix_hash, []) if a != result.agent]
-            if others:
-                click.echo(f"  [info] shares its prefix (one cache entry) with: {', '.join(others)}")
-            for finding in result.findings:
-                click.echo(_finding_line(finding))
+        _echo_text(results, shared)
         for result in below:
             click.echo(
                 f"FAIL {result.agent}: stable share {result.stable_share:.1%} < --min-share {min_share:.1%}"
             )
+        for result in failing:
+            click.echo(
+                f"FAIL {result.agent}: {len(result.errors)} error-level finding(s) "
+                "(--report-only reports without failing)"
+            )
     if below:
         sys.exit(EXIT_BELOW_MIN_SHARE)
+    if failing:
+        sys.exit(EXIT_LINT_ERRORS)

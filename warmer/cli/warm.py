@@ -102,7 +102,8 @@ async def _warm(
     "--block-tokens",
     type=click.IntRange(min=1),
     default=None,
-    help="Ad-hoc box cache granularity in tokens (vLLM CPU: 128). Default: the profile's, else 1.",
+    help="Cache granularity in tokens when the server does not report its own page/block size"
+    " (SGLang /server_info page_size, vLLM vllm:cache_config_info). Default: the profile's, else 1.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @pass_state

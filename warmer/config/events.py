@@ -127,6 +127,7 @@ class BoxAdded(_Event):
             slots=box.slots if box.slots is not None else default_slots,
             group=box.group,
             cache_capacity_tokens=box.cache_capacity_tokens,
+            prefix_capacity=box.prefix_capacity,
         )
 
 

@@ -19,6 +19,7 @@ from warmer.core.errors import ConfigError
 from warmer.core.model import (
     ConstrainedRequest,
     EngineKind,
+    MambaStrategy,
     ModelProfile,
     RestartRecipe,
     SampledRequest,
@@ -74,6 +75,7 @@ class RestartFile(_Table):
     burst_max_tokens: int = Field(default=_RESTART.burst_max_tokens, ge=1)
     long_prefill_tokens: int = Field(default=_RESTART.long_prefill_tokens, ge=0)
     long_prefill_margin_tokens: int = Field(default=_RESTART.long_prefill_margin_tokens, ge=0)
+    long_prefill_headroom: float = Field(default=_RESTART.long_prefill_headroom, ge=1.0, le=16.0)
 
     @model_validator(mode="after")
     def _levels_positive(self) -> RestartFile:
@@ -89,6 +91,7 @@ class RestartFile(_Table):
             burst_max_tokens=self.burst_max_tokens,
             long_prefill_tokens=self.long_prefill_tokens,
             long_prefill_margin_tokens=self.long_prefill_margin_tokens,
+            long_prefill_headroom=self.long_prefill_headroom,
         )
 
 
@@ -102,7 +105,10 @@ class ProfileFile(_Table):
     slots: int = Field(default=_PROFILE.slots, ge=1)
     context_length: int = Field(default=_PROFILE.context_length, ge=16)
     block_tokens: int = Field(default=_PROFILE.block_tokens, ge=1)
+    mamba_chunk_size: int = Field(default=_PROFILE.mamba_chunk_size, ge=1)
+    mamba_strategy: MambaStrategy | None = None
     keepalive_seconds: float = Field(default=_PROFILE.keepalive_seconds, gt=0)
+    prefill_tokens_per_second: float | None = Field(default=None, gt=0)
     restart: RestartFile = Field(default_factory=RestartFile)
     chat_template: str | None = Field(default=None, min_length=1)
     chat_template_file: str | None = Field(default=None, min_length=1)
@@ -116,6 +122,8 @@ class ProfileFile(_Table):
             raise ValueError("give chat_template or chat_template_file, not both")
         if self.block_tokens > self.context_length:
             raise ValueError("block_tokens must not exceed context_length")
+        if self.mamba_strategy is not None and not self.running_state:
+            raise ValueError("mamba_strategy applies only to running_state models")
         if self.restart.long_prefill_tokens > self.context_length:
             raise ValueError("restart.long_prefill_tokens must not exceed context_length")
         return self
@@ -169,12 +177,15 @@ def load_profile(path: Path) -> ModelProfile:
         slots=parsed.slots,
         context_length=parsed.context_length,
         block_tokens=parsed.block_tokens,
+        mamba_chunk_size=parsed.mamba_chunk_size,
+        mamba_strategy=parsed.mamba_strategy,
         restart=parsed.restart.to_core(),
         chat_template=chat_template,
         tokenizer_file=tokenizer_file,
         bos_token=parsed.bos_token,
         eos_token=parsed.eos_token,
         keepalive_seconds=parsed.keepalive_seconds,
+        prefill_tokens_per_second=parsed.prefill_tokens_per_second,
     )
 
 

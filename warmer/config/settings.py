@@ -420,6 +420,27 @@ class HitRateSettings(_Section):
     )
 
 
+class CapacitySettings(_Section):
+    safe_fraction: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description=(
+            "Share of a box's prefill ceiling (uncached prompt tokens/s at full load) that `GET "
+            "/v1/capacity` counts as its budget. 0.6: in the field, time to first token broke at about 60% "
+            "of the ceiling, whatever mix of cached and uncached calls produced the load."
+        ),
+    )
+    max_usage_age_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description=(
+            "A box's uncached-token window (from the hit-rate monitor's scrapes) older than this is not "
+            "counted as its current use; keep it above `hitrate.poll_seconds`."
+        ),
+    )
+
+
 class DialerSettings(_Section):
     prewarm_max_wait_seconds: float = Field(
         default=10.0,
@@ -495,6 +516,15 @@ class BoxSettings(_Section):
         ge=1,
         description="Prefix tokens the box's cache holds, when known; bounds how many prefixes it is given.",
     )
+    prefix_capacity: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Distinct prefixes the box holds at once, beside its live calls. Unset: what the engine reports "
+            "(llama.cpp: one per slot). Set it for a llama.cpp host prompt cache (--cache-ram), whose size "
+            "the engine does not report."
+        ),
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -569,6 +599,9 @@ class Settings(BaseSettings):
     dialer: DialerSettings = Field(
         default_factory=DialerSettings, description="Pre-call API bound and campaign schedule."
     )
+    capacity: CapacitySettings = Field(
+        default_factory=CapacitySettings, description="Prefill budget per agent group (GET /v1/capacity)."
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -610,6 +643,7 @@ class Settings(BaseSettings):
                     slots=slots,
                     group=box.group,
                     cache_capacity_tokens=box.cache_capacity_tokens,
+                    prefix_capacity=box.prefix_capacity,
                 )
             )
         return tuple(specs)

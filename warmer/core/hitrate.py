@@ -11,13 +11,14 @@ Two sources:
   What follows ``#cached-token`` (token usage, mamba usage, queue sizes, throughput) varies by
   version and is ignored. Health checks and warm-up pings make tiny prefills that drag the share
   down, so prefills below a token floor are left out (the field report used 1,000).
-* Prometheus counters on ``/metrics`` (see `cache_stats_from_samples` for the names per engine).
+* Prometheus counters on ``/metrics`` (see `cache_stats_from_samples` for the names per engine). That
+  function is the one rule: the CLI (`warmer hitrate`), the engine adapters (`EnginePort.cache_stats`) and
+  through them the daemon's hit-rate monitor all read counters through it.
 """
 
 from __future__ import annotations
 
 import enum
-import math
 import re
 import statistics
 from collections import Counter
@@ -234,40 +235,49 @@ def _first_present(samples: Sequence[Sample], *names: str) -> float | None:
     return None
 
 
+# The counter names per engine, first the current spelling then older ones (summed over every series).
+CACHE_COUNTERS: dict[EngineKind, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    EngineKind.VLLM: (
+        ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
+        ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    ),
+    EngineKind.SGLANG: (("sglang:prompt_tokens_total",), ("sglang:cached_tokens_total",)),
+    EngineKind.LLAMACPP: (("llamacpp:prompt_tokens_total",), ("llamacpp:prompt_tokens_cached_total",)),
+}
+
+
 def cache_stats_from_samples(engine: EngineKind, samples: Sequence[Sample]) -> CacheStats:
-    """An engine's cumulative prefix-cache counters, summed over every series (models, sources).
+    """An engine's cumulative prefix-cache counters, summed over every series (models, sources, ranks).
 
     * vLLM (`vllm/v1/metrics/loggers.py`): `vllm:prefix_cache_queries_total` and
       `vllm:prefix_cache_hits_total`, both in tokens; releases before the rename spelled them
       `vllm:gpu_prefix_cache_queries_total` / `vllm:gpu_prefix_cache_hits_total`.
     * SGLang (`python/sglang/srt/metrics/collector.py`): `sglang:prompt_tokens_total` (every prompt
       token) and `sglang:cached_tokens_total` (labelled by `cache_source` device/host/storage on
-      newer releases: all are tokens not recomputed); `sglang:cache_hit_rate` is a gauge of the
-      most recent batches, kept as `hit_rate` (mean over series, e.g. DP ranks).
+      newer releases: all are tokens not recomputed). `sglang:cache_hit_rate` is NOT read: it is a gauge of
+      the last batch only, not a rate over any window warmer judges.
     * llama.cpp (`tools/server`, `server_task_result_metrics::to_metrics`, needs `--metrics`):
       `llamacpp:prompt_tokens_total` counts prompt tokens processed EXCLUDING cached ones and
       `llamacpp:prompt_tokens_cached_total` the reused ones, so queried = processed + cached.
+    * a generic OpenAI-compatible server: whichever of the above its metric names say it is.
+
+    A counter that is absent is None, never 0.
     """
     samples = list(samples)
-    if engine is EngineKind.VLLM:
-        queried = _first_present(
-            samples, "vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"
-        )
-        hits = _first_present(samples, "vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-        return CacheStats(queried_tokens=queried, hit_tokens=hits)
-    if engine is EngineKind.SGLANG:
-        gauges = [s.value for s in samples if s.name == "sglang:cache_hit_rate" and not math.isnan(s.value)]
-        return CacheStats(
-            queried_tokens=sum_samples(samples, "sglang:prompt_tokens_total"),
-            hit_tokens=sum_samples(samples, "sglang:cached_tokens_total"),
-            hit_rate=statistics.fmean(gauges) if gauges else None,
-        )
+    if engine is EngineKind.OPENAI:
+        detected = detect_engine(samples)
+        if detected is None:
+            raise ValueError("/metrics has no vllm:, sglang: or llamacpp: counters")
+        engine = detected
+    names = CACHE_COUNTERS.get(engine)
+    if names is None:
+        raise ValueError(f"engine {engine.value!r} exposes no prefix-cache counters warmer knows")
+    queried_names, hit_names = names
+    queried = _first_present(samples, *queried_names)
+    hits = _first_present(samples, *hit_names)
     if engine is EngineKind.LLAMACPP:
-        processed = sum_samples(samples, "llamacpp:prompt_tokens_total")
-        cached = sum_samples(samples, "llamacpp:prompt_tokens_cached_total")
-        queried = None if processed is None or cached is None else processed + cached
-        return CacheStats(queried_tokens=queried, hit_tokens=cached)
-    raise ValueError(f"engine {engine.value!r} exposes no prefix-cache counters warmer knows")
+        queried = None if queried is None or hits is None else queried + hits
+    return CacheStats(queried_tokens=queried, hit_tokens=hits)
 
 
 def cache_stats_from_metrics(engine: EngineKind, text: str) -> CacheStats:
@@ -277,7 +287,6 @@ def cache_stats_from_metrics(engine: EngineKind, text: str) -> CacheStats:
 
 class HitRateSource(enum.StrEnum):
     COUNTERS = "counters"  # from token counters: exact
-    GAUGE = "gauge"  # the engine's own recent-rate gauge (SGLang): an approximation
     NONE = "none"
 
 
@@ -297,8 +306,6 @@ def cumulative_hit_rate(stats: CacheStats) -> HitRateWindow:
     if stats.queried_tokens is not None and stats.hit_tokens is not None:
         rate = stats.hit_tokens / stats.queried_tokens if stats.queried_tokens > 0 else None
         return HitRateWindow(rate, stats.queried_tokens, stats.hit_tokens, HitRateSource.COUNTERS)
-    if stats.hit_rate is not None:
-        return HitRateWindow(stats.hit_rate, None, None, HitRateSource.GAUGE)
     return HitRateWindow(None, None, None, HitRateSource.NONE)
 
 
@@ -311,8 +318,6 @@ def hit_rate_between(before: CacheStats, after: CacheStats) -> HitRateWindow:
     b_queried, b_hits = before.queried_tokens, before.hit_tokens
     a_queried, a_hits = after.queried_tokens, after.hit_tokens
     if b_queried is None or b_hits is None or a_queried is None or a_hits is None:
-        if after.hit_rate is not None:
-            return HitRateWindow(after.hit_rate, None, None, HitRateSource.GAUGE)
         return HitRateWindow(None, None, None, HitRateSource.NONE)
     queried, hits = a_queried - b_queried, a_hits - b_hits
     reset = queried < 0 or hits < 0

@@ -1,8 +1,9 @@
 """Prompt lint: how much of an agent's turn-1 prompt the cache can reuse, and what breaks it.
 
 Per agent: the computed stable prefix vs the ideal one (the same prompt with every per-call value moved
-to the dynamic tail), where the first per-call value sits, what that position costs per call, concrete
-advice, and values in static text that look per-call (dates, times, phone numbers, ids, amounts).
+to the dynamic tail, and that tail rendered where nothing static comes after it), where the first per-call
+value sits, what that position costs per call, concrete advice, and values in static text that look per-call
+(dates, times, phone numbers, ids, amounts; repeats of one kind are one finding with a count).
 Also tokenizer drift: the same prefix text tokenizing to a materially different count after an engine
 or model upgrade (seen in the field: +8% from a tokenizer regression).
 
@@ -11,18 +12,57 @@ Pure: the renderer/tokenizer are injected; drift history is passed in (the store
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from warmer.core.agents import AgentSpec, placeholder_sites, sample_values, with_values_frozen_in_static
+from warmer.core.agents import (
+    AgentSpec,
+    DynamicTail,
+    PlaceholderSite,
+    build_request,
+    placeholder_sites,
+    sample_values,
+    with_values_frozen_in_static,
+)
+from warmer.core.errors import ConfigError
 from warmer.core.model import prefix_hash
 from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
 
 Severity = Literal["error", "warning", "info"]
 
 DEFAULT_DRIFT_THRESHOLD = 0.05
+# A repeated heuristic warning is one finding; this many of its places are listed (the rest are counted).
+LISTED_PLACES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SpecPlace:
+    """Where in an agent spec a finding points: a block, a few-shot message, the tail, or a spec field.
+
+    `section` is "block" | "few_shot" | "tail" | "tools" | "field" | "spec"; `where` is the block name,
+    "few_shot[i]", a field path such as "dynamic.placement", or "" for the spec as a whole; `line` is
+    1-based within that text. Report formats (SARIF, GitHub annotations) turn it into a file and line.
+    """
+
+    section: str
+    where: str = ""
+    line: int = 1
+
+    @classmethod
+    def of(cls, site: PlaceholderSite) -> SpecPlace:
+        return cls(site.section, site.where, site.line)
+
+    def describe(self) -> str:
+        if self.section == "block":
+            return f"block '{self.where}' line {self.line}"
+        if self.section == "tail":
+            return f"the dynamic tail line {self.line}"
+        if self.section == "few_shot":
+            return f"{self.where} line {self.line}"
+        return self.where or "the spec"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +72,8 @@ class Finding:
     message: str
     location: str = ""  # "block 'persona' line 3", "tools", ...
     advice: str = ""
+    places: tuple[SpecPlace, ...] = ()  # the first LISTED_PLACES places it points at, in spec order
+    count: int = 1  # how many occurrences this one finding stands for
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +93,12 @@ class AgentLint:
     first_dynamic_placeholder: str | None
     wasted_tokens_per_call: int
     findings: tuple[Finding, ...] = field(default_factory=tuple)
+    tool_tokens: int = 0  # what the tool definitions add to every turn-1 prompt
+    ideal_placement: str = "message"  # where the ideal layout renders the dynamic tail
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity == "error")
 
     def as_json(self) -> dict[str, object]:
         data = asdict(self)
@@ -97,23 +145,55 @@ def looks_per_call(text: str) -> list[tuple[str, str, int]]:
 
 
 def scan_static_text(spec: AgentSpec) -> list[Finding]:
-    """Literal values in static blocks / few-shot messages that look per-call (dates, times, phones, ids)."""
-    findings: list[Finding] = []
-    texts = [(f"block '{b.name}'", b.text) for b in spec.blocks]
-    texts += [(f"few_shot[{i}]", m.content) for i, m in enumerate(spec.few_shot)]
-    for where, text in texts:
+    """Literal values in static blocks / few-shot messages that look per-call (dates, times, phones, ids).
+
+    One finding per kind of value, with a count and the first LISTED_PLACES places: a reference table of
+    opening hours is one warning to look at, not dozens that bury the errors.
+    """
+    by_kind: dict[str, list[tuple[str, SpecPlace]]] = {}
+    texts = [(SpecPlace("block", b.name), b.text) for b in spec.blocks]
+    texts += [(SpecPlace("few_shot", f"few_shot[{i}]"), m.content) for i, m in enumerate(spec.few_shot)]
+    for base, text in texts:
         for kind, value, line in looks_per_call(text):
-            findings.append(
-                Finding(
-                    code=f"looks-per-call-{kind}",
-                    severity="warning",
-                    message=f"{kind} {value!r} in static text looks like a per-call value",
-                    location=f"{where} line {line}",
-                    advice="if it changes between calls, make it a placeholder in the dynamic tail; "
-                    "if it is truly constant, ignore this",
-                )
+            by_kind.setdefault(kind, []).append((value, SpecPlace(base.section, base.where, line)))
+    findings: list[Finding] = []
+    for kind, hits in by_kind.items():
+        listed = hits[:LISTED_PLACES]
+        if len(hits) == 1:
+            value = hits[0][0]
+            message = f"{kind} {value!r} in static text looks like a per-call value"
+        else:
+            examples = ", ".join(f"{value!r} ({place.describe()})" for value, place in listed)
+            more = f", and {len(hits) - len(listed)} more" if len(hits) > len(listed) else ""
+            message = f"{len(hits)} values in static text look like a per-call {kind}: {examples}{more}"
+        findings.append(
+            Finding(
+                code=f"looks-per-call-{kind}",
+                severity="warning",
+                message=message,
+                location=listed[0][1].describe(),
+                advice="if it changes between calls, make it a placeholder in the dynamic tail; "
+                "if it is truly constant (a price list, opening hours), ignore this",
+                places=tuple(place for _, place in listed),
+                count=len(hits),
             )
+        )
     return findings
+
+
+def tool_token_cost(spec: AgentSpec, render: RenderFn, tokenize: TokenizeFn) -> int:
+    """Tokens the tool definitions add to a turn-1 prompt (0 when the template does not render them)."""
+    if not spec.tools:
+        return 0
+    request = build_request(spec, sample_values(spec, 0))
+    with_tools = len(tokenize(render(request.messages, request.tools)))
+    return max(0, with_tools - len(tokenize(render(request.messages, ()))))
+
+
+def _as_own_message(spec: AgentSpec) -> AgentSpec:
+    """The same spec with its dynamic tail rendered as its own final message (the recommended layout)."""
+    role = spec.tail.role if spec.tail.role != "system" else "user"
+    return dataclasses.replace(spec, tail=DynamicTail(spec.tail.template, role, "message"))
 
 
 def lint_agent(
@@ -124,67 +204,108 @@ def lint_agent(
     samples: int = 3,
     stable: StablePrefix | None = None,
 ) -> AgentLint:
-    """Compute the stable prefix (unless given), compare it with the ideal layout, and explain the gap."""
+    """Compute the stable prefix (unless given), compare it with the ideal layout, and explain the gap.
+
+    The ideal moves every per-call value to the dynamic tail AND renders that tail after everything
+    static: a tail appended to the system text comes before what a template renders after the system
+    message (tool definitions in many tool-calling templates, the few-shot messages always), so there
+    the ideal renders the tail as its own final message instead.
+    """
     stable = stable or compute_stable_prefix(spec, render, tokenize, samples=samples)
-    static_sites = [s for s in placeholder_sites(spec) if s.section != "tail"]
+    sites = placeholder_sites(spec)
+    static_sites = [s for s in sites if s.section != "tail"]
+    tail_names = {t.placeholder for t in sites if t.section == "tail"}
     if static_sites:
-        ideal_spec = with_values_frozen_in_static(spec, sample_values(spec, 0))
-        ideal_tokens = compute_stable_prefix(ideal_spec, render, tokenize, samples=samples).token_count
+        frozen_spec = with_values_frozen_in_static(spec, sample_values(spec, 0))
+        frozen = compute_stable_prefix(frozen_spec, render, tokenize, samples=samples)
     else:
-        ideal_tokens = stable.token_count
-    ideal_tokens = max(ideal_tokens, stable.token_count)
+        frozen_spec, frozen = spec, stable
+    # What stays behind a system-end tail once every value is in it: unreachable tools, few-shot turns.
+    tail_first = frozen.first_dynamic_site is not None and frozen.first_dynamic_site.section == "tail"
+    behind_tail = spec.tail.placement == "system_end" and tail_first
+    tools_behind = behind_tail and bool(spec.tools) and not frozen.tools_reachable
+    few_shot_behind = behind_tail and bool(spec.few_shot)
+    ideal, ideal_placement = frozen, spec.tail.placement
+    if tools_behind or few_shot_behind:
+        try:
+            ideal = compute_stable_prefix(_as_own_message(frozen_spec), render, tokenize, samples=samples)
+            ideal_placement = "message"
+        except ConfigError:  # the template refuses that message order: judge the layout as it is
+            tools_behind = few_shot_behind = False
     turn1 = stable.turn1_prompt_tokens
+    ideal_tokens = max(ideal.token_count, frozen.token_count, stable.token_count)
+    # The ideal's own turn-1 length when its layout differs (a tail message adds the template's wrapper).
+    ideal_turn1 = ideal.turn1_prompt_tokens if ideal_placement != spec.tail.placement else turn1
     wasted = ideal_tokens - stable.token_count
+    static_gain = max(0, frozen.token_count - stable.token_count)  # from moving values alone
+    placement_gain = ideal_tokens - stable.token_count - static_gain
+    tools_cost = tool_token_cost(spec, render, tokenize)
     site = stable.first_dynamic_site
+    own_message = 'render the dynamic tail as its own message: set [dynamic] placement = "message"'
     findings: list[Finding] = []
 
+    def move_advice(s: PlaceholderSite) -> str:
+        if s.placeholder in tail_names:
+            return f"drop {{{s.placeholder}}} from {s.describe()}: the dynamic tail already has it"
+        return f"move {{{s.placeholder}}} from {s.describe()} to the dynamic tail"
+
     for s in static_sites:
-        tail_has_it = any(
-            t.section == "tail" and t.placeholder == s.placeholder for t in placeholder_sites(spec)
-        )
         findings.append(
             Finding(
                 code="per-call-value-in-static-text",
                 severity="error",
                 message=f"{{{s.placeholder}}} is a per-call value in static text ({s.describe()})",
                 location=s.describe(),
-                advice=(
-                    f"move {{{s.placeholder}}} from {s.describe()} to the dynamic tail"
-                    + (" (it is already there: drop it here)" if tail_has_it else "")
-                    + (
-                        f"; that makes {wasted} more tokens per call cacheable"
-                        if wasted and s == site
-                        else ""
-                    )
+                advice=move_advice(s)
+                + (
+                    f"; that makes {static_gain} more tokens per call cacheable"
+                    if static_gain and s == site
+                    else ""
                 ),
+                places=(SpecPlace.of(s),),
             )
         )
 
-    if site is not None and site.section == "tail" and spec.tail.placement == "system_end" and spec.tools:
-        if not stable.tools_reachable:
-            findings.append(
-                Finding(
-                    code="tools-after-dynamic-tail",
-                    severity="error",
-                    message="the chat template renders the tool definitions after the system text, and the "
-                    "dynamic tail is appended to the system text: every tool token is recomputed per call",
-                    location="dynamic.placement",
-                    advice='set [dynamic] placement = "message" so per-call values go in a final message '
-                    "after the tools",
-                )
+    if tools_behind:
+        findings.append(
+            Finding(
+                code="tools-after-dynamic-tail",
+                severity="error",
+                message="the chat template renders the tool definitions after the system text, and the "
+                f"dynamic tail is appended to the system text: the {len(spec.tools)} tool definitions "
+                f"({tools_cost} tokens) are recomputed on every call",
+                location="dynamic.placement",
+                advice=f"{own_message} (after the tools); that makes {placement_gain} more tokens per call "
+                "cacheable",
+                places=(SpecPlace("field", "dynamic.placement"),),
             )
-    elif site is not None and not stable.tools_reachable:
+        )
+    elif site is not None and site.section != "tail" and not stable.tools_reachable:
         findings.append(
             Finding(
                 code="tools-after-dynamic-value",
                 severity="error",
-                message=f"tool definitions render after the first per-call value ({site.describe()})",
+                message=f"tool definitions ({tools_cost} tokens) render after the first per-call value "
+                f"({site.describe()})",
                 location=site.describe(),
-                advice=f"move {{{site.placeholder}}} to the dynamic tail",
+                advice=move_advice(site),
+                places=(SpecPlace.of(site),),
+            )
+        )
+    if few_shot_behind:
+        findings.append(
+            Finding(
+                code="few-shot-after-dynamic-tail",
+                severity="error",
+                message=f"the dynamic tail is appended to the system text, so the {len(spec.few_shot)} "
+                "few-shot messages after it are recomputed on every call",
+                location="dynamic.placement",
+                advice=f"{own_message} (after the few-shot messages)",
+                places=(SpecPlace("field", "dynamic.placement"),),
             )
         )
 
-    if wasted > 0 and site is not None:
+    if static_gain > 0 and site is not None:
         findings.append(
             Finding(
                 code="early-per-call-value",
@@ -195,7 +316,8 @@ def lint_agent(
                     f"{wasted} tokens per call are recomputed that the layout could cache"
                 ),
                 location=site.describe(),
-                advice=f"move {{{site.placeholder}}} from {site.describe()} to the dynamic tail",
+                advice=move_advice(site) + (f", and {own_message}" if placement_gain else ""),
+                places=(SpecPlace.of(site),),
             )
         )
 
@@ -208,12 +330,14 @@ def lint_agent(
         turn1_prompt_tokens=turn1,
         stable_share=stable.stable_share,
         ideal_stable_tokens=ideal_tokens,
-        ideal_share=ideal_tokens / turn1 if turn1 else 0.0,
+        ideal_share=min(1.0, ideal_tokens / ideal_turn1) if ideal_turn1 else 0.0,
         first_dynamic_token_offset=stable.first_dynamic_token_offset,
         first_dynamic_location=site.describe() if site else None,
         first_dynamic_placeholder=site.placeholder if site else None,
         wasted_tokens_per_call=wasted,
         findings=tuple(findings),
+        tool_tokens=tools_cost,
+        ideal_placement=ideal_placement,
     )
 
 
@@ -290,6 +414,7 @@ def detect_tokenizer_drift(
             f"{previous.token_count} on {previous.engine_version} ({change:+.1%}) for model {current.model}"
         ),
         location=f"prefix text {current.text_hash}",
+        places=(SpecPlace("spec"),),
         advice="check the engine's tokenizer after the upgrade (e.g. tokenizer_class in "
         "tokenizer_config.json); a regression makes every prefill longer",
     )

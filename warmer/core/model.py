@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class EngineKind(enum.StrEnum):
@@ -47,8 +47,30 @@ class RestartRecipe:
     constrained: ConstrainedRequest | None = field(default_factory=ConstrainedRequest)
     burst_levels: tuple[int, ...] = (1, 4, 16)  # concurrency levels, capped at the box's slot count
     burst_max_tokens: int = 4
-    long_prefill_tokens: int = 0  # 0 = context length minus a margin
+    # 0 = sized to the longest prompt the box's calls send: the longest stable prefix of the model's
+    # agents times `long_prefill_headroom` (their dynamic tail and a few turns), within the context minus a
+    # margin; the whole context when no prefix is known yet. A prefill longer than any real request only
+    # adds warm traffic on every box at every restart.
+    long_prefill_tokens: int = 0
     long_prefill_margin_tokens: int = 64
+    long_prefill_headroom: float = 1.25
+
+
+class MambaStrategy(enum.StrEnum):
+    """Where SGLang stores the running state of a hybrid (Mamba) model in its radix tree.
+
+    sglang 0.5.23 (PyPI) `--mamba-radix-cache-strategy` (earlier `--mamba-scheduler-strategy`):
+    `no_buffer` stores a state only at a finished request's end (mem_cache/unified_cache/components/
+    mamba.py `prepare_for_caching_req`: cache_len = token_ids_len; sgl-project/sglang
+    python/sglang/srt/mem_cache/mamba_radix_cache.py @ 00df707e `cache_finished_req` likewise), and a node
+    split by a diverging request keeps no state (`_split_node`: "mamba cache can not be split");
+    `extra_buffer` (and `extra_buffer_lazy`) tracks it at `prefix_len + (extend_len // grid) * grid`
+    (managers/schedule_batch.py `_mamba_radix_cache_v2_req_prepare_for_extend`),
+    grid = lcm(mamba_cache_chunk_size, page_size).
+    """
+
+    NO_BUFFER = "no_buffer"
+    EXTRA_BUFFER = "extra_buffer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +80,44 @@ class ModelProfile:
     name: str
     engine: EngineKind
     served_model_name: str = ""  # the `model` field sent to the engine; "" = the engine's default
-    running_state: bool = False  # hybrid / Mamba-style models need several warm requests per prefix
-    warm_requests_per_prefix: int = 1
+    running_state: bool = False  # hybrid / Mamba-style: a hit only reaches the last stored state
+    warm_requests_per_prefix: int = 1  # requests one warm costs (the planner's load estimate)
     slots: int = 1
     context_length: int = 4096
-    block_tokens: int = 1  # cache granularity: a hit is counted in whole blocks (vLLM CPU: 128)
+    # Fallback cache granularity, used only when the server does not report its page/block size
+    # (SGLang /server_info page_size, vLLM vllm:cache_config_info{block_size}): see `CacheLayout`.
+    block_tokens: int = 1
+    # The model's own `mamba_chunk_size` (its HF config; SGLang uses FLA_CHUNK_SIZE 64 without one): SGLang's
+    # extra_buffer checkpoints land on multiples of max(this, page_size).
+    mamba_chunk_size: int = 64
+    # The Mamba strategy the boxes are launched with, used only when /server_info does not name one.
+    mamba_strategy: MambaStrategy | None = None
     restart: RestartRecipe = field(default_factory=RestartRecipe)
     chat_template: str | None = None  # jinja2 source, when the engine cannot render for us
     tokenizer_file: str | None = None  # a `tokenizers` JSON file, when the engine cannot tokenize
     bos_token: str = ""
     eos_token: str = ""
     keepalive_seconds: float = 240.0  # touch a warm prefix again this often (just under eviction)
+    # Uncached prompt tokens/s one box computes at full load; None = measure it (restart long prefill).
+    prefill_tokens_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLayout:
+    """How the running server counts a prefix-cache hit, as it reports it (None: it did not say)."""
+
+    page_tokens: int | None = None  # hits come in whole pages/blocks of this many tokens
+    mamba_strategy: MambaStrategy | None = None  # hybrid models on SGLang
+    mamba_chunk_tokens: int | None = None  # the server's own mamba_cache_chunk_size, when it reports one
+    source: str = ""  # where the numbers came from, for outcomes and logs
+    # Data-parallel ranks behind the box's one URL, each with its own cache (SGLang --dp-size)
+    data_parallel_ranks: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("page_tokens", "mamba_chunk_tokens", "data_parallel_ranks"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,12 +131,43 @@ class BoxSpec:
     slots: int = 1
     group: str = ""  # optional placement group (e.g. a rack, a region, a dedicated pool)
     cache_capacity_tokens: int | None = None  # prefix tokens the box can hold, when known
+    prefix_capacity: int | None = None  # distinct prefixes the box can hold at once, when known
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("box id must not be empty")
         if self.slots < 1:
             raise ValueError("box slots must be >= 1")
+        if self.prefix_capacity is not None and self.prefix_capacity < 1:
+            raise ValueError("box prefix_capacity must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class BoxCapacity:
+    """What a box's cache can hold beside its live calls, as the engine itself reports it.
+
+    Warming more prefixes than fit only evicts what was just warmed, so placement never gives a box more
+    than this. `prefixes`: distinct prompts held at once (llama.cpp keeps one prompt per slot);
+    `tokens`: prefix tokens (a shared token pool: vLLM blocks x block size, SGLang's token pool), already
+    reduced to the share left for prefixes beside live calls. None: the engine does not say.
+    """
+
+    prefixes: int | None = None
+    tokens: int | None = None
+    source: str = ""  # where the figures came from, for status and logs
+    # One prompt per slot, and a request may name its slot (llama.cpp `id_slot`): warmer then pins each
+    # prefix to a slot of its own, so its own requests and pinned calls never evict a neighbour's prompt.
+    pinnable_slots: int | None = None
+
+    def applied_to(self, box: BoxSpec) -> BoxSpec:
+        """The box with these limits where its configuration does not set its own (configuration wins)."""
+        return replace(
+            box,
+            prefix_capacity=box.prefix_capacity if box.prefix_capacity is not None else self.prefixes,
+            cache_capacity_tokens=(
+                box.cache_capacity_tokens if box.cache_capacity_tokens is not None else self.tokens
+            ),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +231,12 @@ class CompletionReport:
     cached_tokens: int
     wall_seconds: float
     engine_seconds: float | None = None  # the engine's own prefill+decode time when it reports one
+    prompt_seconds: float | None = None  # the engine's own prefill time alone, when it reports it
     text: str = ""
+    # Why `cached_tokens` may not be the whole story (e.g. the engine sent `prompt_tokens_details: null`,
+    # which means 0 cached but also what a server with cache reporting off sends); shown on a miss.
+    cache_note: str | None = None
+    slot: int | None = None  # the engine slot that served it, where the engine has slots (llama.cpp)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +245,6 @@ class CacheStats:
 
     queried_tokens: float | None  # prompt tokens looked up in the cache
     hit_tokens: float | None  # of those, tokens served from cache
-    hit_rate: float | None = None  # when the engine reports a rate instead of counters (SGLang)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,11 @@ there. Each agent's ranking is still one fixed total order over all possible box
 rank), so the stability guarantees of flat HRW hold exactly; the price is a slight load skew between boxes
 in small and large buckets, which the per-box caps absorb by spilling.
 
-Caps are hard: at most `max_agents_per_box` distinct agents per box, and no more distinct prefix tokens than
-the box's `cache_capacity_tokens` when known. An agent that fits nowhere is reported unplaced with a reason.
+Caps are hard: at most `max_agents_per_box` distinct agents per box, no more distinct prefixes than the box's
+`prefix_capacity` and no more distinct prefix tokens than its `cache_capacity_tokens` when known (the
+engine's own figures, `BoxCapacity`): a box asked to hold more than fits evicts what was just warmed.
+Coverage comes before spill room: every agent gets one box before any agent gets a second. An agent that
+fits nowhere is reported unplaced with a reason.
 """
 
 from __future__ import annotations
@@ -267,54 +270,81 @@ def place(
     wanted = {agent.agent_id: config.wanted_group_size(agent) for agent in agents}
     dedicated = frozenset(agent.agent_id for agent in agents if config.is_dedicated(agent))
 
-    def priority(agent: AgentDemand) -> tuple[bool, int, int]:
-        return (agent.agent_id not in dedicated, -wanted[agent.agent_id], seeds[agent.agent_id])
+    def priority(agent: AgentDemand) -> tuple[bool, int, float, int]:
+        return (
+            agent.agent_id not in dedicated,
+            -wanted[agent.agent_id],
+            -agent.calls_per_minute,
+            seeds[agent.agent_id],
+        )
 
     agent_count: dict[str, int] = {}
     tokens_used: dict[str, int] = {}
     prefixes_on: dict[str, set[str]] = {}
     exclusive: set[str] = set()
-    groups: dict[str, tuple[str, ...]] = {}
-    unplaced: dict[str, UnplacedReason] = {}
+    chosen_by_agent: dict[str, list[str]] = {}
+    rankings: dict[str, Iterator[str]] = {}
     cap = config.max_agents_per_box
 
-    for agent in sorted(agents, key=priority):
+    def fits(agent: AgentDemand, box_id: str, is_dedicated: bool) -> bool:
+        count = agent_count.get(box_id, 0)
+        if box_id in exclusive or count >= cap or (is_dedicated and count > 0):
+            return False
+        holds = prefixes_on.get(box_id)
+        if holds is not None and (agent.prefix_hash or f"agent:{agent.agent_id}") in holds:
+            return True  # the prefix is held here already: another agent sharing it costs no cache
+        box = spec[box_id]
+        if box.prefix_capacity is not None and len(holds or ()) >= box.prefix_capacity:
+            return False
+        capacity = box.cache_capacity_tokens
+        return capacity is None or tokens_used.get(box_id, 0) + agent.prefix_tokens <= capacity
+
+    def take(agent: AgentDemand, box_id: str, is_dedicated: bool) -> None:
+        chosen_by_agent.setdefault(agent.agent_id, []).append(box_id)
+        agent_count[box_id] = agent_count.get(box_id, 0) + 1
+        holds = prefixes_on.setdefault(box_id, set())
+        prefix_key = agent.prefix_hash or f"agent:{agent.agent_id}"
+        if prefix_key not in holds:
+            holds.add(prefix_key)
+            tokens_used[box_id] = tokens_used.get(box_id, 0) + agent.prefix_tokens
+        if is_dedicated:
+            exclusive.add(box_id)
+
+    ordered = sorted(agents, key=priority)
+    unplaced: dict[str, UnplacedReason] = {}
+    # Coverage first: every agent gets one box before any agent gets its spill room, so a fleet short of
+    # cache serves every agent warm somewhere instead of a few agents twice and the rest nowhere.
+    for agent in ordered:
         model = by_model.get(agent.model)
         if model is None:
             unplaced[agent.agent_id] = UnplacedReason.NO_BOXES
             continue
-        prefix_key = agent.prefix_hash or f"agent:{agent.agent_id}"
+        is_dedicated = agent.agent_id in dedicated
+        ranking = rankings[agent.agent_id] = model.ranking(seeds[agent.agent_id], wanted[agent.agent_id])
+        first_pass = wanted[agent.agent_id] if is_dedicated else 1  # dedicated agents (first) take all
+        for box_id in ranking:
+            if fits(agent, box_id, is_dedicated):
+                take(agent, box_id, is_dedicated)
+                if len(chosen_by_agent[agent.agent_id]) == first_pass:
+                    break
+        if agent.agent_id not in chosen_by_agent:
+            unplaced[agent.agent_id] = UnplacedReason.CAPACITY
+    # Then spill room, busiest first, further down each agent's own ranking (boxes skipped above were full
+    # then and are fuller now, so the ranking continues where it stopped).
+    for agent in ordered:
+        chosen = chosen_by_agent.get(agent.agent_id)
+        if not chosen:
+            continue
         is_dedicated = agent.agent_id in dedicated
         need = wanted[agent.agent_id]
-        chosen: list[str] = []
-        for box_id in model.ranking(seeds[agent.agent_id], need):
-            count = agent_count.get(box_id, 0)
-            if box_id in exclusive or count >= cap or (is_dedicated and count > 0):
-                continue
-            holds = prefixes_on.get(box_id)
-            capacity = spec[box_id].cache_capacity_tokens
-            already_held = holds is not None and prefix_key in holds
-            if (
-                capacity is not None
-                and not already_held
-                and tokens_used.get(box_id, 0) + agent.prefix_tokens > capacity
-            ):
-                continue
-            chosen.append(box_id)
-            if len(chosen) == need:
-                break
-        if not chosen:
-            unplaced[agent.agent_id] = UnplacedReason.CAPACITY
+        if len(chosen) >= need:
             continue
-        for box_id in chosen:
-            agent_count[box_id] = agent_count.get(box_id, 0) + 1
-            holds = prefixes_on.setdefault(box_id, set())
-            if prefix_key not in holds:
-                holds.add(prefix_key)
-                tokens_used[box_id] = tokens_used.get(box_id, 0) + agent.prefix_tokens
-            if is_dedicated:
-                exclusive.add(box_id)
-        groups[agent.agent_id] = tuple(chosen)
+        for box_id in rankings[agent.agent_id]:
+            if fits(agent, box_id, is_dedicated):
+                take(agent, box_id, is_dedicated)
+                if len(chosen) == need:
+                    break
+    groups = {agent_id: tuple(chosen) for agent_id, chosen in chosen_by_agent.items()}
     return Placement(groups=groups, wanted=wanted, unplaced=unplaced, dedicated=dedicated)
 
 
@@ -395,3 +425,47 @@ def handover(
         if waiting:
             pending[agent] = tuple(waiting)
     return Handover(routing=routing, keep_warm=keep_warm, pending=pending)
+
+
+def fit_to_capacity(
+    moving: Handover,
+    target: Mapping[str, Sequence[str]],
+    prefix_of: Mapping[str, str],
+    boxes: Mapping[str, BoxSpec],
+    priority: Mapping[str, float],
+) -> Handover:
+    """Drop retained (old) memberships that would make a box hold more prefixes than it can.
+
+    `place` keeps the target within every box's capacity, but move-before-switch keeps an agent's old boxes
+    serving until its new ones are warm; on a box that is full with its new agents, such a retained prefix
+    is evicted by the next warm while still routed. So the quietest retained agents (`priority`: calls per
+    minute, lowest first) leave such a box at once, from both routing and keep-warm.
+    """
+    held: dict[str, set[str]] = {}
+    retained: list[tuple[float, str, str]] = []  # (priority, agent, box)
+    for agent, group in moving.keep_warm.items():
+        wanted = set(target.get(agent, ()))
+        prefix = prefix_of.get(agent, f"agent:{agent}")
+        for box_id in group:
+            if box_id in wanted:
+                held.setdefault(box_id, set()).add(prefix)
+            else:
+                retained.append((priority.get(agent, 0.0), agent, box_id))
+    dropped: set[tuple[str, str]] = set()
+    for _, agent, box_id in sorted(retained, key=lambda item: (-item[0], item[1])):
+        prefix = prefix_of.get(agent, f"agent:{agent}")
+        on_box = held.setdefault(box_id, set())
+        limit = boxes[box_id].prefix_capacity if box_id in boxes else None
+        if prefix in on_box or limit is None or len(on_box) < limit:
+            on_box.add(prefix)
+        else:
+            dropped.add((agent, box_id))
+    if not dropped:
+        return moving
+
+    def without(groups: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        return {agent: tuple(b for b in g if (agent, b) not in dropped) for agent, g in groups.items()}
+
+    return Handover(
+        routing=without(moving.routing), keep_warm=without(moving.keep_warm), pending=moving.pending
+    )

@@ -50,6 +50,7 @@ class BoxObservation:
     epoch: str | None  # None: not known yet (never answered)
     warmup: WarmupStatus = WarmupStatus.NOT_STARTED  # for `epoch`
     warmup_finished_at: float | None = None  # when warm-up of `epoch` ended (done or failed)
+    draining: bool = False  # a rollout will restart it: it serves only what is not warm elsewhere yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,6 +354,8 @@ def plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig
         if seen is None or not seen.healthy or seen.epoch is None or profile is None:
             continue
         epoch = seen.epoch
+        if seen.draining and seen.warmup is not WarmupStatus.DONE:
+            continue  # restarted mid-rollout: its warm-up waits for the rollout to finish (a new epoch)
         if seen.warmup is WarmupStatus.NOT_STARTED or (
             seen.warmup is WarmupStatus.FAILED
             and now >= (seen.warmup_finished_at or 0.0) + config.restart_warmup_retry_seconds
@@ -483,6 +486,10 @@ def box_ready(
         return BoxReadiness(False, ("unhealthy",), None)
     if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
         return BoxReadiness(False, (f"restart warm-up {seen.warmup.value}",), None)
+    if seen.draining:
+        routing = desired.routing if desired.routing is not None else desired.assignment
+        if not any(box_id in group for group in routing.values()):
+            return BoxReadiness(False, ("drained for a rollout",), None)
     since = seen.warmup_finished_at
     wants = _wanted_by_box(desired, active_agents(desired, now, config)).get(box_id, {})
     reasons: list[str] = []

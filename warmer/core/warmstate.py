@@ -19,10 +19,11 @@ keepalive timing counts from it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from warmer.core.errors import WarmerError
-from warmer.core.model import WarmRecord, WarmState
+from warmer.core.model import CacheLayout, MambaStrategy, ModelProfile, WarmRecord, WarmState
 
 
 class IllegalTransition(WarmerError):
@@ -120,6 +121,27 @@ def is_verified(prefix_tokens: int, cached_tokens: int, block_tokens: int = 1) -
     if block_tokens < 1:
         raise ValueError("block_tokens must be >= 1")
     return cached_tokens >= prefix_tokens - block_tokens
+
+
+def hit_granularity(profile: ModelProfile, layout: CacheLayout) -> int:
+    """The tokens a verified hit may fall short of the prefix by, from what the server reports.
+
+    The server's page/block size wins over the profile's `block_tokens` (a fallback only): SGLang's radix
+    cache matches whole pages (mem_cache/radix_cache.py `key.match(..., page_size)`) and several attention
+    backends force a page of 16-128 (server_args.py `_handle_attention_backend_compatibility`); vLLM's block
+    varies by backend and hybrid model. A hybrid model on SGLang with `extra_buffer` hits only up to the
+    last checkpoint, the prefix rounded down to the checkpoint grid, lcm(mamba_cache_chunk_size, page_size)
+    with mamba_cache_chunk_size = max(model chunk, page_size) (sglang 0.5.23 arg_groups/overrides.py
+    `mamba_cache_chunk_size`, runtime_context.py `mamba_checkpoint_grid`). `no_buffer` stores the state at
+    the warm request's end, so the page rule holds (MambaRadixCache asserts page_size 1 there). The
+    profile's `mamba_strategy` stands in when the server does not name one.
+    """
+    page = layout.page_tokens if layout.page_tokens is not None else max(1, profile.block_tokens)
+    strategy = layout.mamba_strategy or profile.mamba_strategy
+    if profile.running_state and strategy is MambaStrategy.EXTRA_BUFFER:
+        chunk = layout.mamba_chunk_tokens or max(profile.mamba_chunk_size, page)
+        return math.lcm(chunk, page)
+    return page
 
 
 def is_serving(record: WarmRecord) -> bool:

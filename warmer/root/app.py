@@ -30,6 +30,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.ports import StorePort
+from warmer.root.capacity import OfflineCallTokens, capacity_config, run_capacity_gauges
 from warmer.root.deploy import build_deploy_service
 from warmer.root.dialer import DialerWiring
 from warmer.root.engines import SystemClock, build_engine_dispatcher
@@ -44,9 +45,11 @@ from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
 from warmer.root.supervisor import Supervisor
+from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.gateway_sync import GatewaySync
 from warmer.service.hitrate_monitor import HitRateMonitor
 from warmer.service.reconciler import Reconciler
+from warmer.service.restart import RestartWarmup
 from warmer.service.status import (
     AgentRoutes,
     BoxView,
@@ -162,6 +165,20 @@ class Daemon:
         self._log = get_logger(__name__)
         self.reconciler: Reconciler | None = None  # built once the store is open (a root task)
         self._reconcile_engines: EngineDispatcher | None = None  # the reconciler's engine client
+        self.hitrate_monitor: HitRateMonitor | None = None  # while its root task runs
+        # Prefill ceilings measured by the restart warm-ups' long prefills, per box and epoch.
+        self.prefill_ceilings = PrefillCeilings()
+        self.capacity = CapacityService(
+            snapshot=lambda: None if self.reconciler is None else self.reconciler.snapshot(),
+            usage=lambda: self.hitrate_monitor,
+            ceilings=self.prefill_ceilings,
+            profiles=profiles,
+            store=lambda: self._store,
+            clock=SystemClock(),
+            config=capacity_config(settings),
+            per_call_tokens=OfflineCallTokens(lambda: self.agents, profiles),
+            observer=metrics.capacity,
+        )
         self.dialer = DialerWiring(
             settings,
             agents=lambda: self.agents.keys(),
@@ -186,6 +203,7 @@ class Daemon:
                 ),
                 max_request_bytes=settings.api.max_request_bytes,
                 webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
+                capacity=self.capacity if self.boxes else None,
             )
         )
         self.supervisor = Supervisor(
@@ -199,6 +217,7 @@ class Daemon:
             if self.dialer.schedule is not None:
                 self.supervisor.add("schedule", self.dialer.run_schedule)
             self.supervisor.add("hitrate", self._run_hitrate_monitor)
+            self.supervisor.add("capacity", self._run_capacity_gauges)
             if settings.fleet.gateway is not None:
                 self.supervisor.add("gateway-sync", self._run_gateway_sync)
         self.api.add_middleware(RequestMetricsMiddleware, observer=metrics.http)
@@ -223,6 +242,10 @@ class Daemon:
             config=reconciler_config(self.settings),
             observer=self.metrics.reconcile,
             demand=self.dialer.prewarm.observed_demand,
+            # The reconciler's default warm-up, plus the long prefill's report for the capacity figures.
+            restart=RestartWarmup(
+                engines, self.store, SystemClock(), on_long_prefill=self.prefill_ceilings.record_long_prefill
+            ),
         )
         try:
             await self.reconciler.run(stopping)
@@ -254,7 +277,15 @@ class Daemon:
             observer=self.metrics.hitrate,
             suspects=ReconcilerSuspects(lambda: self.reconciler),
         )
-        await monitor.run(stopping)
+        self.hitrate_monitor = monitor
+        try:
+            await monitor.run(stopping)
+        finally:
+            self.hitrate_monitor = None
+
+    async def _run_capacity_gauges(self, stopping: asyncio.Event) -> None:
+        """The capacity gauges, refreshed once per hit-rate window (when the use figures change)."""
+        await run_capacity_gauges(self.capacity, SystemClock(), self.settings.hitrate.poll_seconds, stopping)
 
     async def _run_scheduler(self, stopping: asyncio.Event) -> None:
         """Timers: a reconcile tick every `interval_seconds`, a health poll every `health_poll_seconds`."""

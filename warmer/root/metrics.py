@@ -6,11 +6,15 @@ what this daemon registered. Features add their counters and gauges as attribute
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 import warmer
+from warmer.core.capacity import AgentCapacity, BoxCapacity
 
 
 class Metrics:
@@ -36,6 +40,7 @@ class Metrics:
         self.reconcile = ReconcileMetrics(self.registry)
         self.gateway = GatewaySyncMetrics(self.registry)
         self.hitrate = HitRateMetrics(self.registry)
+        self.capacity = CapacityMetrics(self.registry)
         self.http = HttpMetrics(self.registry)
 
 
@@ -189,6 +194,77 @@ class HitRateMetrics:
 
     def scrape_finished(self, box_id: str, outcome: str) -> None:
         self.scrapes.labels(outcome=outcome).inc()
+
+
+def _value(figure: float | None) -> float:
+    return math.nan if figure is None else figure  # unknown shows as NaN, not as a misleading 0
+
+
+class CapacityMetrics:
+    """The capacity service's `CapacityObserver`: per box and per agent group, the prefill budget in
+    uncached prompt tokens per second. Series of boxes and agents that left the fleet are removed."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.box_ceiling = Gauge(
+            "warmer_box_prefill_ceiling_tokens_per_second",
+            "Uncached prompt tokens/s the box computes at full load (profile figure or measured by the "
+            "restart warm-up's long prefill); NaN when unknown.",
+            ["box"],
+            registry=registry,
+        )
+        self.box_used = Gauge(
+            "warmer_box_uncached_prompt_tokens_per_second",
+            "Uncached prompt tokens/s the box computed over its last counter window; NaN when unknown.",
+            ["box"],
+            registry=registry,
+        )
+        self.box_headroom = Gauge(
+            "warmer_box_prefill_headroom_tokens_per_second",
+            "Prefill budget left on the box: ceiling x capacity.safe_fraction minus the uncached tokens/s "
+            "used now (negative: over budget, latency breaks); NaN when unknown.",
+            ["box"],
+            registry=registry,
+        )
+        self.agent_budget = Gauge(
+            "warmer_agent_prefill_budget_tokens_per_second",
+            "Sum over the agent's routed, measured boxes of ceiling x capacity.safe_fraction.",
+            ["agent"],
+            registry=registry,
+        )
+        self.agent_headroom = Gauge(
+            "warmer_agent_prefill_headroom_tokens_per_second",
+            "Prefill budget left over the agent's routed boxes (uncached tokens/s), for pacing a campaign; "
+            "a box shared by several agents counts for each. NaN when no routed box is measured.",
+            ["agent"],
+            registry=registry,
+        )
+        self.agent_calls = Gauge(
+            "warmer_agent_prefill_headroom_calls_per_minute",
+            "Turn-1 prefills per minute the agent's headroom carries (headroom / uncached tokens of a "
+            "turn-1 prompt); an upper bound for new calls. NaN when unknown.",
+            ["agent"],
+            registry=registry,
+        )
+        self._boxes: set[str] = set()
+        self._agents: set[str] = set()
+
+    def capacity(self, boxes: Sequence[BoxCapacity], agents: Sequence[AgentCapacity]) -> None:
+        for gone in self._boxes - {b.box_id for b in boxes}:
+            for gauge in (self.box_ceiling, self.box_used, self.box_headroom):
+                gauge.remove(gone)
+        for gone in self._agents - {a.agent_id for a in agents}:
+            for gauge in (self.agent_budget, self.agent_headroom, self.agent_calls):
+                gauge.remove(gone)
+        self._boxes = {b.box_id for b in boxes}
+        self._agents = {a.agent_id for a in agents}
+        for box in boxes:
+            self.box_ceiling.labels(box=box.box_id).set(_value(box.ceiling_tokens_per_second))
+            self.box_used.labels(box=box.box_id).set(_value(box.used_tokens_per_second))
+            self.box_headroom.labels(box=box.box_id).set(_value(box.headroom_tokens_per_second))
+        for agent in agents:
+            self.agent_budget.labels(agent=agent.agent_id).set(_value(agent.budget_tokens_per_second))
+            self.agent_headroom.labels(agent=agent.agent_id).set(_value(agent.headroom_tokens_per_second))
+            self.agent_calls.labels(agent=agent.agent_id).set(_value(agent.calls_per_minute))
 
 
 class HttpMetrics:

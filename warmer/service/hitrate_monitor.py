@@ -15,6 +15,9 @@ several times the prefill work. So every `poll_seconds` each box's cumulative ca
   prefixes (an eviction shows up there as a cold probe and a re-warm); back at or above: cleared, logged.
 
 A scrape failure is logged once per streak and counted; it never ends the daemon.
+
+The same windows give each box's uncached prompt tokens per second (`uncached_rates()`), which the
+capacity figures read instead of scraping the engines a second time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Protocol
 
 import structlog
 
+from warmer.core.capacity import UncachedRate, uncached_rate_between
 from warmer.core.errors import NotSupported, WarmerError
 from warmer.core.hitrate import (
     DEFAULT_HIT_RATE_THRESHOLD,
@@ -105,6 +109,8 @@ class BoxHitRate:
 @dataclass(slots=True)
 class _BoxState:
     baseline: CacheStats | None = None
+    baseline_at: float = 0.0  # monotonic seconds of the baseline scrape
+    uncached: UncachedRate | None = None  # of the last window
     alerting: bool = False
     failing: bool = False
     unsupported: bool = False
@@ -135,6 +141,11 @@ class HitRateMonitor:
     def alerting(self) -> set[str]:
         """Boxes whose last judged window was below the threshold."""
         return {box_id for box_id, state in self._state.items() if state.alerting}
+
+    def uncached_rates(self) -> dict[str, UncachedRate]:
+        """Per box, uncached prompt tokens/s over its last window between two scrapes (boxes without
+        counters, or whose engine just restarted, have none)."""
+        return {box_id: s.uncached for box_id, s in self._state.items() if s.uncached is not None}
 
     async def scrape_once(self) -> dict[str, BoxHitRate]:
         """Scrape every box (bounded concurrency) and judge the window since its previous scrape."""
@@ -171,9 +182,12 @@ class HitRateMonitor:
             return BoxHitRate(box.id, HitRateStatus.NO_DATA, None, None, state.alerting, error=str(exc))
         self._observer.scrape_finished(box.id, "ok")
         state.failing = state.unsupported = False
+        scraped_at = self._clock.monotonic()
         baseline, state.baseline = state.baseline, stats
+        baseline_at, state.baseline_at = state.baseline_at, scraped_at
         if baseline is None:
             return BoxHitRate(box.id, HitRateStatus.NO_DATA, None, None, state.alerting)
+        state.uncached = uncached_rate_between(baseline, baseline_at, stats, scraped_at)
         window = hit_rate_between(baseline, stats)
         if window.counters_reset:
             if state.alerting:

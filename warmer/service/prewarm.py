@@ -20,7 +20,7 @@ import enum
 import hashlib
 import math
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -100,6 +100,10 @@ class PrewarmBackend(Protocol):
 
     def box(self, box_id: str) -> BoxSpec | None: ...
 
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        """The engine slot holding the agent's prefix on the box, where slots are pinned (llama.cpp)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PrewarmAsk:
@@ -119,6 +123,9 @@ class PrewarmAnswer:
     ready: bool  # the box is in the agent's route: its prefix is verified warm there
     waited_ms: int
     detail: str = ""
+    # llama.cpp boxes: the slot holding the prefix. A call that sends it as `id_slot` waits for that slot
+    # when it is busy instead of evicting another agent's prompt from the other one.
+    slot: int | None = None
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -130,6 +137,7 @@ class PrewarmAnswer:
             "ready": self.ready,
             "waited_ms": self.waited_ms,
             "detail": self.detail,
+            "slot": self.slot,
         }
 
 
@@ -168,6 +176,72 @@ class CallVolumeMeter:
                 continue
             result[agent_id] = sum(calls for _, calls in buckets) * 60.0 / self._window
         return result
+
+
+class CallLedger:
+    """Calls handed to each box recently, and which box each call was given.
+
+    A box's load is the number of calls handed to it within `window_seconds` (about a call's length), per
+    slot: picks go to the least loaded warm box of the agent, so a burst of asks spreads over the group
+    instead of queueing on its first box ("spill before you queue"), and a call id keeps its box while that
+    box stays in the agent's route. Memory is bounded: at most `max_calls` call ids are remembered."""
+
+    def __init__(self, clock: Clock, *, window_seconds: float = 30.0, max_calls: int = 100_000) -> None:
+        if window_seconds <= 0:
+            raise ValueError("window_seconds must be > 0")
+        if max_calls < 1:
+            raise ValueError("max_calls must be >= 1")
+        self._clock = clock
+        self._window = window_seconds
+        self._max_calls = max_calls
+        self._handed: dict[str, deque[float]] = {}  # box id -> times calls were handed to it, oldest first
+        self._calls: OrderedDict[str, str] = OrderedDict()  # call id -> box id, least recent first
+
+    def load(self, box_id: str) -> int:
+        times = self._handed.get(box_id)
+        if not times:
+            return 0
+        horizon = self._clock.monotonic() - self._window
+        while times and times[0] <= horizon:
+            times.popleft()
+        return len(times)
+
+    def box_of(self, call_id: str) -> str | None:
+        return self._calls.get(call_id)
+
+    def hand(self, box_id: str, call_id: str | None) -> None:
+        if call_id is not None:
+            if self._calls.get(call_id) == box_id:
+                self._calls.move_to_end(call_id)
+                return  # a retry of a call already counted on this box
+            self._calls[call_id] = box_id
+            self._calls.move_to_end(call_id)
+            while len(self._calls) > self._max_calls:
+                self._calls.popitem(last=False)
+        self._handed.setdefault(box_id, deque()).append(self._clock.monotonic())
+
+
+def pick_least_loaded(
+    routes: Sequence[Route],
+    call_id: str | None,
+    ledger: CallLedger,
+    slots: Callable[[str], int],
+    rng: random.Random,
+) -> Route:
+    """The call's box: the one it already has while still routed, else the warm box with the fewest calls
+    per slot and weight (a ramping box takes its slice), ties broken by weighted rendezvous on the call."""
+    if not routes:
+        raise ValueError("no routes to pick from")
+    if call_id is not None:
+        known = ledger.box_of(call_id)
+        for route in routes:
+            if route.box_id == known:
+                return route
+    usable = [r for r in routes if r.weight > 0] or list(routes)
+    scores = {r.box_id: (ledger.load(r.box_id) + 1) / (max(1, slots(r.box_id)) * r.weight) for r in usable}
+    best = min(scores.values())
+    tied = [r for r in usable if scores[r.box_id] <= best * (1 + 1e-9)]
+    return tied[0] if len(tied) == 1 else pick_route(tied, call_id, rng)
 
 
 def _unit(call_id: str, box_id: str) -> float:
@@ -216,6 +290,7 @@ class PrewarmService:
         *,
         max_wait_seconds: float = DEFAULT_MAX_WAIT_SECONDS,
         meter: CallVolumeMeter | None = None,
+        ledger: CallLedger | None = None,
         rng: random.Random | None = None,
     ) -> None:
         if max_wait_seconds < 0:
@@ -224,7 +299,12 @@ class PrewarmService:
         self._clock = clock
         self.max_wait_seconds = max_wait_seconds
         self.meter = meter or CallVolumeMeter(clock)
+        self.ledger = ledger or CallLedger(clock)
         self._rng = rng or random.Random()
+
+    def _slots(self, box_id: str) -> int:
+        box = self._backend.box(box_id)
+        return box.slots if box is not None else 1
 
     def observed_demand(self) -> Mapping[str, float]:
         """Agent -> calls per minute seen in pre-call asks (feeds placement next to campaign volume)."""
@@ -248,12 +328,13 @@ class PrewarmService:
         if answer.routed:
             routes = self._backend.routes_for(ask.agent_id)
             if routes:
-                box_id = pick_route(routes, ask.call_id, self._rng).box_id
+                box_id = pick_least_loaded(routes, ask.call_id, self.ledger, self._slots, self._rng).box_id
         if box_id is None:
             raise PrewarmUnavailable(answer.detail or "no box can serve the agent now")
         box = self._backend.box(box_id)
         if box is None:  # the fleet changed under the answer
             raise PrewarmUnavailable(f"box {box_id!r} left the fleet")
+        self.ledger.hand(box_id, ask.call_id)
         return PrewarmAnswer(
             agent=ask.agent_id,
             box_id=box_id,
@@ -263,6 +344,7 @@ class PrewarmService:
             ready=answer.routed,
             waited_ms=waited_ms,
             detail=answer.detail,
+            slot=self._backend.slot(ask.agent_id, box_id) if answer.routed else None,
         )
 
 
@@ -295,3 +377,6 @@ class ReconcilerBackend:
 
     def box(self, box_id: str) -> BoxSpec | None:
         return self._running().fleet().get(box_id)
+
+    def slot(self, agent_id: str, box_id: str) -> int | None:
+        return self._running().prefix_slot(agent_id, box_id)

@@ -31,6 +31,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
 from warmer.core.errors import ConfigError, StoreError, WarmerError
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     Campaign,
     LoggedEvent,
@@ -41,7 +42,14 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
-from warmer.core.placement import AgentDemand, PlacementConfig, handover, place
+from warmer.core.placement import (
+    AgentDemand,
+    PlacementConfig,
+    fit_to_capacity,
+    handover,
+    place,
+    stable_seed,
+)
 from warmer.core.planner import (
     AbandonWarm,
     Action,
@@ -195,6 +203,13 @@ class Reconciler:
         self._epoch_tags: dict[str, str] = {}  # box id -> tag making its epoch new after a rollout
         self._fleet_lock = asyncio.Lock()  # a box added/removed never lands in the middle of a tick
         self._suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
+        # box id -> what its cache holds, as its engine reported it for its latest epoch (kept while the
+        # box is down, so an outage does not reshuffle placement)
+        self._capacity: dict[str, BoxCapacity] = {}
+        # (box, epoch, prefix) -> the engine slot holding it, on engines with pinnable slots (llama.cpp):
+        # a warm reserves a slot no other kept prefix of the box holds, and every later request of
+        # warmer's for that prefix (keepalive, probe) and every pinned call runs there
+        self._pins: dict[WarmKey, int] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -332,8 +347,6 @@ class Reconciler:
         live = self._live.get(box.id)
         if live is None:
             return  # removed from the fleet while it was being polled
-        if box.id in self._drained:
-            healthy, epoch, error = False, None, self._drained[box.id]
         if not healthy or epoch is None:
             if live.healthy:
                 self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
@@ -350,8 +363,10 @@ class Reconciler:
             return
         changed = await self._store.record_epoch(box.id, epoch, now)
         if epoch != live.epoch:
+            await self._read_capacity(box)
             dropped = await self._store.drop_other_epochs(box.id, epoch)
             self._records = {k: r for k, r in self._records.items() if k[0] != box.id or k[1] == epoch}
+            self._pins = {k: s for k, s in self._pins.items() if k[0] != box.id or k[1] == epoch}
             self._log.info(
                 "box epoch",
                 box=box.id,
@@ -371,6 +386,40 @@ class Reconciler:
                 LoggedEvent(at=now, kind=EVENT_BOX_HEALTHY, box_id=box.id, epoch=epoch)
             )
         live.healthy, live.health_error = True, None
+
+    async def _read_capacity(self, box: BoxSpec) -> None:
+        """What the new process's cache holds (placement never gives a box more prefixes than that)."""
+        try:
+            capacity = await self._engine.capacity(box)
+        except WarmerError as exc:
+            self._log.warning("box capacity unknown", box=box.id, error=str(exc))
+            return
+        if self._capacity.get(box.id) != capacity:
+            self._log.info(
+                "box capacity",
+                box=box.id,
+                prefixes=capacity.prefixes,
+                tokens=capacity.tokens,
+                source=capacity.source,
+            )
+        self._capacity[box.id] = capacity
+
+    def _eligible_boxes(self) -> frozenset[str]:
+        """Boxes placement may give agents to: up, and not being drained for a rollout. A box that goes
+        down hands its agents to the rest of the fleet at once (warmed there before traffic moves); they
+        come back when it is up again, since rendezvous ranks are fixed."""
+        return frozenset(
+            box_id
+            for box_id, live in self._live.items()
+            if live.healthy and live.epoch is not None and box_id not in self._drained
+        )
+
+    def _placement_boxes(self) -> list[BoxSpec]:
+        """The fleet as placement sees it: configured limits, else the engine's own capacity figures."""
+        return [
+            self._capacity[box_id].applied_to(box) if box_id in self._capacity else box
+            for box_id, box in self._boxes.items()
+        ]
 
     async def _resume_warmup(self, box_id: str, epoch: str, live: BoxLive) -> None:
         """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
@@ -432,12 +481,10 @@ class Reconciler:
         )
         target = self._place(refs, volume)
         warm = {(r.box_id, r.prefix_hash) for r in self._trusted_records().values() if is_serving(r)}
-        moving = handover(
-            self._routing,
-            target,
-            {agent: ref.hash for agent, ref in refs.items()},
-            warm,
-            existing=self._boxes.keys(),
+        prefix_of = {agent: ref.hash for agent, ref in refs.items()}
+        moving = handover(self._routing, target, prefix_of, warm, existing=self._boxes.keys())
+        moving = fit_to_capacity(
+            moving, target, prefix_of, {b.id: b for b in self._placement_boxes()}, volume
         )
         self._routing = dict(moving.routing)
         self._precall = {agent: until for agent, until in self._precall.items() if until > now}
@@ -469,12 +516,15 @@ class Reconciler:
             )
             for agent, ref in sorted(refs.items())
         ]
+        boxes = self._placement_boxes()
+        eligible = self._eligible_boxes()
         key = (
-            tuple(sorted(self._boxes)),
+            tuple(sorted((b.id, b.prefix_capacity, b.cache_capacity_tokens) for b in boxes)),
+            tuple(sorted(eligible)),
             tuple((d.agent_id, d.prefix_hash, d.prefix_tokens, _group_key(config, d)) for d in demands),
         )
         if key != self._placement_key:
-            placement = place(list(self._boxes.values()), demands, self._config.placement)
+            placement = place(boxes, demands, self._config.placement, eligible=eligible)
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))
             self._placement, self._placement_key = placement.groups, key
@@ -498,6 +548,7 @@ class Reconciler:
                     epoch=live.epoch,
                     warmup=live.warmup,
                     warmup_finished_at=live.warmup_finished_at,
+                    draining=box_id in self._drained,
                 )
                 for box_id, live in self._live.items()
             },
@@ -548,6 +599,36 @@ class Reconciler:
             return
         await self._store.put_warm(updated, reason=reason, previous=record.state)
         self._records[key] = updated
+        if not is_serving(updated) and updated.state is not WarmState.WARMING:
+            self._pins.pop(key, None)
+
+    def _pin_for(self, key: WarmKey) -> int | None:
+        """The slot for a warm of `key`: the one it holds, else a slot no other kept prefix of the box holds
+        (reserved now, so two warms in flight never pick the same), else none (the engine chooses)."""
+        if key in self._pins:
+            return self._pins[key]
+        capacity = self._capacity.get(key[0])
+        if capacity is None or not capacity.pinnable_slots:
+            return None
+        taken = {slot for (b, e, _), slot in self._pins.items() if b == key[0] and e == key[1]}
+        free = [slot for slot in range(capacity.pinnable_slots) if slot not in taken]
+        if not free:
+            return None
+        self._pins[key] = free[0]
+        return free[0]
+
+    def prefix_slot(self, agent_id: str, box_id: str) -> int | None:
+        """The engine slot holding the agent's current prefix on the box, when pinned (llama.cpp): a call
+        that names it (`id_slot`) waits for its own slot instead of evicting another agent's prompt."""
+        computed = self._prefixes.get(agent_id)
+        live = self._live.get(box_id)
+        if computed is None or live is None or live.epoch is None:
+            return None
+        key = (box_id, live.epoch, computed.prefix.hash)
+        record = self._records.get(key)
+        if record is None or not is_serving(record):
+            return None
+        return self._pins.get(key)
 
     def _spawn(self, work: Awaitable[None], name: str) -> None:
         task = asyncio.ensure_future(work)
@@ -575,7 +656,9 @@ class Reconciler:
         outcome: RestartOutcome | None = None
         error: str | None = None
         try:
-            outcome = await self._restart.run(box, profile, action.epoch)
+            outcome = await self._restart.run(
+                box, profile, action.epoch, longest_prefix=self._longest_prefix(box.model)
+            )
             error = outcome.error
         except WarmerError as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -661,6 +744,15 @@ class Reconciler:
                 waiter.set_result(result)
             self.poke()
 
+    def _longest_prefix(self, model: str) -> int | None:
+        """The longest current stable prefix among the agents of `model` (sizes the restart long prefill)."""
+        sizes = [
+            computed.prefix.token_count
+            for agent_id, computed in self._prefixes.items()
+            if self._agents[agent_id].model == model
+        ]
+        return max(sizes, default=None)
+
     def _prefix_of(self, prefix_hash: str) -> Prefix | None:
         for computed in self._prefixes.values():
             if computed.prefix.hash == prefix_hash:
@@ -686,7 +778,7 @@ class Reconciler:
             started, reason=f"warm started: {reason}", previous=record.state if record is not None else None
         )
         self._records[key] = started
-        outcome = await self._executor.warm_and_verify(box, profile, prefix)
+        outcome = await self._executor.warm_and_verify(box, profile, prefix, slot=self._pin_for(key))
         return await self._finish(key, started, outcome, kind="warm", reason=reason)
 
     async def _probe(self, box_id: str, epoch: str, prefix_hash: str, reason: str) -> WarmRecord | None:
@@ -695,7 +787,7 @@ class Reconciler:
         record = self._records.get(key)
         if prefix is None or record is None or self._live[box_id].epoch != epoch:
             return None
-        outcome = await self._executor.probe(box, self._profiles[box.model], prefix)
+        outcome = await self._executor.probe(box, self._profiles[box.model], prefix, slot=self._pins.get(key))
         return await self._finish(key, record, outcome, kind="probe", reason=reason)
 
     async def _finish(
@@ -732,6 +824,10 @@ class Reconciler:
             return record
         await self._store.put_warm(updated, reason=why, previous=record.state)
         self._records[key] = updated
+        if outcome.verified and outcome.slot is not None:
+            self._pins[key] = outcome.slot
+        elif not outcome.verified:
+            self._pins.pop(key, None)
         verdict = "verified" if outcome.verified else ("cold" if kind == "probe" else "failed")
         self._observer.warm_finished(box_id, kind, reason, verdict, outcome.wall_seconds)
         if not outcome.verified:
@@ -870,17 +966,24 @@ class Reconciler:
         self.poke()
 
     def drain_boxes(self, box_ids: Sequence[str], reason: str) -> None:
-        """Take boxes out of every route and out of readiness at once (a rollout will restart them); no
-        warm work is planned for them until `undrain_boxes`."""
+        """A rollout will restart these boxes: hand their agents to the rest of the fleet first.
+
+        The boxes leave placement at once, so their agents are warmed on other boxes; move-before-switch
+        keeps routing calls to a draining box until the agent is warm elsewhere, so no call meets a cold
+        box while a warm one exists. A box is drained (`drained_boxes`) once no route uses it; it leaves
+        every route at once when it goes down."""
         unknown = [box_id for box_id in box_ids if box_id not in self._boxes]
         if unknown:
             raise ConfigError([("box_ids", f"unknown boxes: {', '.join(unknown)}")])
         for box_id in box_ids:
             self._drained[box_id] = reason
-            live = self._live[box_id]
-            live.healthy, live.health_error = False, reason
         self._notify_changed()
         self.poke()
+
+    def drained_boxes(self) -> frozenset[str]:
+        """Draining boxes that no route uses any more: safe to restart without a call meeting them."""
+        routed = {box_id for group in self._routing.values() for box_id in group}
+        return frozenset(box_id for box_id in self._drained if box_id not in routed)
 
     def undrain_boxes(self, box_ids: Sequence[str], epoch_tag: str) -> None:
         """Back in service as a NEW epoch (`<engine epoch>~<tag>`), even when the engine's own identity did
@@ -918,10 +1021,12 @@ class Reconciler:
                 task.cancel()
             await asyncio.gather(*mine, return_exceptions=True)
             del self._boxes[box_id]
+            self._capacity.pop(box_id, None)
             self._live.pop(box_id, None)
             self._drained.pop(box_id, None)
             self._epoch_tags.pop(box_id, None)
             self._records = {k: r for k, r in self._records.items() if k[0] != box_id}
+            self._pins = {k: s for k, s in self._pins.items() if k[0] != box_id}
             self._routing = {a: tuple(b for b in group if b != box_id) for a, group in self._routing.items()}
             if self._desired is not None:
                 desired = self._desired
@@ -1073,8 +1178,28 @@ class Reconciler:
             self._charge(box_id, computed.prefix.token_count, now)
             waiter = self._start_engine_work(box_id, live.epoch, prefix_hash, "precall", probe=False)
             return EnsureResult(agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming"), waiter
-        none = EnsureResult(agent_id, None, None, False, prefix_hash, "no warmed-up box in its group")
-        return first or none, None
+        if first is not None:
+            return first, None
+        return self._cold_stand_in(agent_id, prefix_hash), None
+
+    def _cold_stand_in(self, agent_id: str, prefix_hash: str) -> EnsureResult:
+        """No box of the agent's group can take the call (all down, or the agent fits nowhere warm): name a
+        healthy, warmed-up box of its model anyway, cold and not ready, rather than no box at all. The same
+        box every time for one agent (rendezvous), so its calls at least warm one cache."""
+        model = self._agents[agent_id].model
+        candidates = [
+            box_id
+            for box_id, box in self._boxes.items()
+            if box.model == model
+            and box_id not in self._drained
+            and self._live[box_id].healthy
+            and self._live[box_id].warmup is WarmupStatus.DONE
+        ]
+        if not candidates:
+            return EnsureResult(agent_id, None, None, False, prefix_hash, "no warmed-up box serves its model")
+        box_id = max(candidates, key=lambda b: stable_seed("stand-in", agent_id, b))
+        detail = "no warm box in its group: this box is cold for the agent"
+        return EnsureResult(agent_id, box_id, WarmState.COLD, False, prefix_hash, detail)
 
     def _charge(self, box_id: str, tokens: int, now: float) -> None:
         """A pre-call warm jumps the queue but still pays the box's token budget (others then wait)."""

@@ -8,6 +8,9 @@ recipe runs these in order (`RestartRecipe`), each phase timed and written to th
 (the PREFIXES phase that follows belongs to the reconciler). A failed phase stops the recipe and is
 recorded with its reason; the planner retries the whole warm-up later.
 
+The long prefill is also the box's prefill-ceiling measurement: `on_long_prefill` (when given) is told
+its engine report (computed prompt tokens and prefill seconds) for the capacity figures.
+
 Engine time: each phase records the engine-reported seconds of its requests summed. `critical_engine_seconds`
 is the engine time on the critical path (bursts run concurrently, so a burst level counts its slowest
 request once): that is the figure daemon overhead is measured against.
@@ -16,6 +19,7 @@ request once): that is the figure daemon overhead is measured against.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,11 +80,17 @@ def burst_levels(recipe: RestartRecipe, slots: int) -> tuple[int, ...]:
     return tuple(sorted(capped))
 
 
-def long_prefill_target(recipe: RestartRecipe, profile: ModelProfile) -> int:
-    """Prompt tokens of the long prefill: the recipe's figure, else the context length minus the margin."""
+def long_prefill_target(
+    recipe: RestartRecipe, profile: ModelProfile, longest_prefix: int | None = None
+) -> int:
+    """Prompt tokens of the long prefill: the recipe's figure, else the longest prompt real calls send
+    (`longest_prefix` x headroom), never more than the context minus the margin."""
+    ceiling = profile.context_length - recipe.long_prefill_margin_tokens
     if recipe.long_prefill_tokens > 0:
-        return min(recipe.long_prefill_tokens, profile.context_length - recipe.long_prefill_margin_tokens)
-    return profile.context_length - recipe.long_prefill_margin_tokens
+        return min(recipe.long_prefill_tokens, ceiling)
+    if longest_prefix:
+        return min(ceiling, math.ceil(longest_prefix * recipe.long_prefill_headroom))
+    return ceiling
 
 
 class RestartWarmup:
@@ -93,13 +103,19 @@ class RestartWarmup:
         clock: Clock,
         *,
         nonce: Callable[[], str] = lambda: secrets.token_hex(4),
+        on_long_prefill: Callable[[BoxSpec, str, CompletionReport], None] | None = None,
     ) -> None:
         self._engine = engine
         self._store = store
         self._clock = clock
         self._nonce = nonce
+        self._on_long_prefill = on_long_prefill
 
-    async def run(self, box: BoxSpec, profile: ModelProfile, epoch: str) -> RestartOutcome:
+    async def run(
+        self, box: BoxSpec, profile: ModelProfile, epoch: str, *, longest_prefix: int | None = None
+    ) -> RestartOutcome:
+        """`longest_prefix`: the longest stable prefix the box's model serves, in tokens (sizes the long
+        prefill when the recipe does not fix it)."""
         recipe = profile.restart
         started = self._clock.monotonic()
         phases: list[PhaseRecord] = []
@@ -113,8 +129,11 @@ class RestartWarmup:
             steps.append((PhaseName.CONSTRAINED, lambda tally: self._constrained(box, recipe, tally)))
         if recipe.burst_levels:
             steps.append((PhaseName.BURST, lambda tally: self._bursts(box, recipe, tally)))
-        if long_prefill_target(recipe, profile) > 0:
-            steps.append((PhaseName.LONG_PREFILL, lambda tally: self._long_prefill(box, profile, tally)))
+        long_target = long_prefill_target(recipe, profile, longest_prefix)
+        if long_target > 0:
+            steps.append(
+                (PhaseName.LONG_PREFILL, lambda tally: self._long_prefill(box, long_target, epoch, tally))
+            )
         for phase, step in steps:
             record, tally = await self._run_phase(box, epoch, phase, step)
             phases.append(record)
@@ -199,11 +218,12 @@ class RestartWarmup:
             ]
             tally.add_concurrent(await asyncio.gather(*requests))
 
-    async def _long_prefill(self, box: BoxSpec, profile: ModelProfile, tally: _PhaseTally) -> None:
-        target = long_prefill_target(profile.restart, profile)
+    async def _long_prefill(self, box: BoxSpec, target: int, epoch: str, tally: _PhaseTally) -> None:
         prompt = await self.long_prompt(box, target)
         report = await self._engine.complete_prompt(box, prompt, max_tokens=1)
         tally.add_sequential(report)
+        if self._on_long_prefill is not None:
+            self._on_long_prefill(box, epoch, report)
 
     async def long_prompt(self, box: BoxSpec, target_tokens: int) -> str:
         """A prompt of at most `target_tokens` engine tokens, close to it (a fresh nonce first, so it is a

@@ -1,9 +1,16 @@
 """Warm a prefix on one box and prove it: "warm" means the engine reported the hit, never "we sent it".
 
-Dense models get one warm request (the prefix itself) and then a probe. Running-state (hybrid, Mamba-style)
-models keep state only at checkpointed points, so each round sends the profile's number of warm requests,
-each the prefix plus a different short suffix (a request that diverges right after the prefix makes the
-engine checkpoint there), then probes; rounds repeat until the probe sees the hit, up to a bound.
+Every round sends the prefix itself (nothing after it), then a probe: the prefix plus a short unique suffix.
+The bare prefix matters for running-state (hybrid, Mamba-style) models: SGLang stores their state only where
+a request ends (`no_buffer`) or on the checkpoint grid inside it (`extra_buffer`), and a node split by a
+diverging request keeps none (see `warmer.core.model.MambaStrategy`). A warm of "prefix + suffix" would put
+the only state past the prefix, where no later request can use it; the bare prefix puts it at the prefix's
+end (`no_buffer`) or at the last grid point inside it (`extra_buffer`). Dense models get one round;
+running-state models repeat rounds until the probe sees the hit, up to a bound.
+
+How far a hit may fall short of the prefix comes from the running server (`EnginePort.cache_layout`: page or
+block size, Mamba strategy), the profile's `block_tokens` only when the server does not say
+(`warmer.core.warmstate.hit_granularity`).
 """
 
 from __future__ import annotations
@@ -13,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from warmer.core.errors import EngineError
-from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, Prefix
-from warmer.core.warmstate import is_verified
+from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, ModelProfile, Prefix
+from warmer.core.warmstate import hit_granularity, is_verified
 from warmer.ports import Clock, EnginePort
 
 
@@ -33,14 +40,19 @@ class WarmOutcome:
     engine_seconds: float | None  # sum of the engine's own timings, when it reports them
     block_tokens: int = 1
     reason: str | None = None  # why it is not verified
+    block_source: str = "profile"  # where `block_tokens` came from (the server's report, else the profile)
+    ranks: int = 1  # data-parallel ranks warmed and probed (each has its own cache)
+    slot: int | None = None  # the engine slot the last request ran in, where the engine has slots
 
     def describe(self) -> str:
         cached = "?" if self.cached_tokens is None else str(self.cached_tokens)
         verdict = "verified" if self.verified else f"NOT verified ({self.reason})"
         engine = "" if self.engine_seconds is None else f", engine {self.engine_seconds * 1000:.1f} ms"
+        ranks = "" if self.ranks == 1 else f" on each of {self.ranks} DP ranks"
         return (
-            f"{self.box_id}: {verdict}: cached {cached} / {self.prefix_tokens} prefix tokens"
-            f" (block {self.block_tokens}); {self.requests_sent} requests in {self.rounds} round(s),"
+            f"{self.box_id}: {verdict}: cached {cached} / {self.prefix_tokens} prefix tokens{ranks}"
+            f" (block {self.block_tokens} from {self.block_source});"
+            f" {self.requests_sent} requests in {self.rounds} round(s),"
             f" {self.wall_seconds * 1000:.1f} ms{engine}"
         )
 
@@ -72,47 +84,108 @@ class WarmExecutor:
     def _probe_suffix(self) -> str:
         return f"\n#probe {self._nonce()}"
 
-    def _warm_suffix(self, round_no: int, index: int) -> str:
-        return f"\n#warm {round_no}.{index} {self._nonce()}"
+    async def _layout(self, box: BoxSpec) -> CacheLayout:
+        """What the server reports about its cache; nothing (profile fallback) when it cannot say."""
+        try:
+            return await self._engine.cache_layout(box)
+        except EngineError:
+            return CacheLayout()
 
-    async def warm_and_verify(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
-        """Warm `prefix` on `box` and probe until the engine reports the hit (bounded)."""
-        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+    async def _start(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, slot: int | None
+    ) -> tuple[_Run, list[int | None]]:
+        """A fresh tally with the server's granularity, and the data-parallel ranks to go through: each
+        rank of an SGLang `--dp-size N` box has its own cache, so a warm and its probe name the rank."""
+        layout = await self._layout(box)
+        run = _Run(box, profile, prefix, started=self._clock.monotonic(), slot=slot)
+        run.block_tokens = hit_granularity(profile, layout)
+        if layout.page_tokens is not None or layout.mamba_strategy is not None:
+            run.block_source = layout.source or "server"
+        ranks: list[int | None] = (
+            list(range(layout.data_parallel_ranks)) if layout.data_parallel_ranks > 1 else [None]
+        )
+        run.ranks = len(ranks)
+        return run, ranks
+
+    async def _send(
+        self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None, *, suffix: str = ""
+    ) -> CompletionReport:
+        """One greedy request in the run's slot (the engine's choice sticks once it reports one) and, on a
+        box with data-parallel ranks, on `rank`."""
+        if rank is None:
+            report = await self._engine.complete_prefix(
+                box, prefix, suffix=suffix, max_tokens=1, slot=run.slot
+            )
+        else:
+            report = await self._engine.complete_prefix(
+                box, prefix, suffix=suffix, max_tokens=1, slot=run.slot, rank=rank
+            )
+        if report.slot is not None:
+            run.slot = report.slot
+        return report
+
+    async def warm_and_verify(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, slot: int | None = None
+    ) -> WarmOutcome:
+        """Warm `prefix` on `box` (every data-parallel rank) and probe until the engine reports the hit
+        (bounded); verified only when every rank showed it. `slot` pins every request to that engine slot
+        (see `EnginePort.complete_prefix`)."""
+        run, ranks = await self._start(box, profile, prefix, slot)
         rounds = self._max_rounds if profile.running_state else 1
         try:
-            for round_no in range(1, rounds + 1):
-                run.rounds = round_no
-                if profile.running_state:
-                    for index in range(max(1, profile.warm_requests_per_prefix)):
-                        suffix = self._warm_suffix(round_no, index)
-                        run.add(await self._engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=1))
-                else:
-                    report = await self._engine.complete_prefix(box, prefix, max_tokens=1)
-                    run.add(report)
-                    # The prefix alone: the engine's own token count for it is the honest bar to clear.
-                    run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
-                if self._judge(run, await self._probe_report(box, prefix, run)):
-                    return run.outcome(self._clock.monotonic(), verified=True)
+            for rank in ranks:
+                run.rank = rank
+                if not await self._warm_rank(box, prefix, run, rank, rounds):
+                    return run.outcome(
+                        self._clock.monotonic(), verified=False, reason=run.miss_reason(rounds)
+                    )
         except EngineError as exc:
-            return run.outcome(self._clock.monotonic(), verified=False, reason=f"engine error: {exc}")
-        return run.outcome(self._clock.monotonic(), verified=False, reason=run.miss_reason(rounds))
+            return run.outcome(
+                self._clock.monotonic(), verified=False, reason=run.ranked(f"engine error: {exc}")
+            )
+        return run.outcome(self._clock.monotonic(), verified=True)
 
-    async def probe(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix) -> WarmOutcome:
-        """One probe: is the prefix still cached? (It also touches it, like any request would.)"""
-        run = _Run(box, profile, prefix, started=self._clock.monotonic())
+    async def _warm_rank(
+        self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None, rounds: int
+    ) -> bool:
+        for round_no in range(1, rounds + 1):
+            run.rounds = max(run.rounds, round_no)
+            report = await self._send(box, prefix, run, rank)
+            run.add(report)
+            # The prefix alone: the engine's own token count for it is the honest bar to clear.
+            run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
+            if self._judge(run, await self._probe_report(box, prefix, run, rank)):
+                return True
+        return False
+
+    async def probe(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, slot: int | None = None
+    ) -> WarmOutcome:
+        """One probe (per data-parallel rank): is the prefix still cached? (It also touches it, like any
+        request would.)"""
+        run, ranks = await self._start(box, profile, prefix, slot)
         run.rounds = 1
         try:
-            verified = self._judge(run, await self._probe_report(box, prefix, run))
+            for rank in ranks:
+                run.rank = rank
+                if not self._judge(run, await self._probe_report(box, prefix, run, rank)):
+                    return run.outcome(self._clock.monotonic(), verified=False, reason=run.miss_reason(1))
         except EngineError as exc:
-            return run.outcome(self._clock.monotonic(), verified=False, reason=f"engine error: {exc}")
-        reason = None if verified else run.miss_reason(1)
-        return run.outcome(self._clock.monotonic(), verified=verified, reason=reason)
+            return run.outcome(
+                self._clock.monotonic(), verified=False, reason=run.ranked(f"engine error: {exc}")
+            )
+        return run.outcome(self._clock.monotonic(), verified=True)
 
-    async def _probe_report(self, box: BoxSpec, prefix: Prefix, run: _Run) -> CompletionReport:
-        report = await self._engine.complete_prefix(box, prefix, suffix=self._probe_suffix(), max_tokens=1)
+    async def _probe_report(
+        self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None
+    ) -> CompletionReport:
+        report = await self._send(box, prefix, run, rank, suffix=self._probe_suffix())
         run.add(report)
-        run.cached_tokens = report.cached_tokens
+        # Over several ranks the outcome carries the smallest last hit: what every rank holds at least.
+        run.last_cached[rank] = report.cached_tokens
+        run.cached_tokens = min(run.last_cached.values())
         run.probe_prompt_tokens = report.prompt_tokens
+        run.cache_note = report.cache_note
         return report
 
     @staticmethod
@@ -129,19 +202,30 @@ class WarmExecutor:
 class _Run:
     """Mutable tally of one warm-and-verify: evidence accumulates, then freezes into a WarmOutcome."""
 
-    def __init__(self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, started: float) -> None:
+    def __init__(
+        self, box: BoxSpec, profile: ModelProfile, prefix: Prefix, *, started: float, slot: int | None = None
+    ) -> None:
         self.box = box
+        self.slot = slot  # pinned by the caller, else the slot the engine chose for the first request
         self.prefix = prefix
         self.started = started
         self.block_tokens = max(1, profile.block_tokens)
+        self.block_source = "profile"
         self.prefix_tokens = prefix.token_count
         self.cached_tokens: int | None = None
         self.probe_prompt_tokens: int | None = None
+        self.cache_note: str | None = None
         self.requests = 0
         self.rounds = 0
         self.engine_seconds: float | None = None
         self.inconsistent = False
         self.unknown_size = False
+        self.rank: int | None = None  # the data-parallel rank being warmed (None: the box has one)
+        self.last_cached: dict[int | None, int] = {}  # the last probe's cached tokens, per rank
+        self.ranks = 1
+
+    def ranked(self, reason: str) -> str:
+        return reason if self.rank is None else f"DP rank {self.rank}: {reason}"
 
     def add(self, report: CompletionReport) -> None:
         self.requests += 1
@@ -152,13 +236,14 @@ class _Run:
         if self.unknown_size:
             return "the prefix's token count is unknown (0), so no probe can prove it cached"
         if self.inconsistent:
-            return (
+            return self.ranked(
                 f"probe counted {self.probe_prompt_tokens} prompt tokens, fewer than the"
                 f" {self.prefix_tokens}-token prefix it contains: token counts disagree"
             )
-        return (
-            f"probe saw {self.cached_tokens} cached of {self.prefix_tokens} prefix tokens"
-            f" (need >= {self.prefix_tokens - self.block_tokens}) after {rounds} round(s)"
+        note = f"; {self.cache_note}" if self.cache_note else ""
+        return self.ranked(
+            f"probe saw {self.last_cached.get(self.rank)} cached of {self.prefix_tokens} prefix tokens"
+            f" (need >= {self.prefix_tokens - self.block_tokens}) after {rounds} round(s){note}"
         )
 
     def outcome(self, now: float, *, verified: bool, reason: str | None = None) -> WarmOutcome:
@@ -174,4 +259,7 @@ class _Run:
             engine_seconds=self.engine_seconds,
             block_tokens=self.block_tokens,
             reason=None if verified else reason,
+            block_source=self.block_source,
+            ranks=self.ranks,
+            slot=self.slot,
         )

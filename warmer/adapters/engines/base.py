@@ -29,7 +29,18 @@ from warmer.core.errors import (
     MalformedResponse,
     NotSupported,
 )
-from warmer.core.model import BoxSpec, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.hitrate import CACHE_COUNTERS, cache_stats_from_samples
+from warmer.core.model import (
+    BoxCapacity,
+    BoxSpec,
+    CacheLayout,
+    CacheStats,
+    CompletionReport,
+    EngineKind,
+    EngineTimeouts,
+    Prefix,
+    RetryPolicy,
+)
 from warmer.core.promtext import MetricsTextError, Sample, parse_prometheus_text, sum_samples
 
 JsonObject = dict[str, Any]
@@ -151,6 +162,20 @@ class EngineHttp:
 
     async def get_text(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> str:
         return (await self.request(box, "GET", path, time_limit=time_limit)).text
+
+    async def health_answer(self, box: BoxSpec, path: str) -> tuple[int | None, bool]:
+        """Health-style call: (HTTP status or None, whether it timed out). No retries.
+
+        A timeout is told apart from "no answer at all" because some engines' health route does real work
+        (SGLang runs a one-token generation) and is slow, not down, on a busy box.
+        """
+        try:
+            response = await self._client.get(box_url(box, path), timeout=self._timeout(self.timeouts.health))
+        except httpx.TimeoutException:
+            return None, True
+        except httpx.HTTPError:
+            return None, False
+        return response.status_code, False
 
     async def status(self, box: BoxSpec, path: str) -> int | None:
         """Health-style call: the HTTP status, or None when the engine did not answer at all. No retries."""
@@ -289,6 +314,21 @@ def process_start_time(samples: Sequence[Sample]) -> float | None:
     return min(values) if values else None
 
 
+def cache_stats_of(box: BoxSpec, engine: EngineKind, samples: Sequence[Sample]) -> CacheStats:
+    """The one /metrics -> CacheStats rule (`warmer.core.hitrate.cache_stats_from_samples`, which the CLI
+    uses too), with the adapters' typed errors: no counters this engine kind writes is NotSupported, one of
+    the pair missing is MalformedResponse. Never a 0 for an absent counter."""
+    try:
+        stats = cache_stats_from_samples(engine, samples)
+    except ValueError as exc:
+        raise NotSupported(box.id, f"/metrics: {exc}") from None
+    if stats.queried_tokens is None or stats.hit_tokens is None:
+        names = CACHE_COUNTERS.get(engine)
+        wanted = " and ".join(group[0] for group in names) if names else "prefix-cache counters"
+        raise MalformedResponse(box.id, f"/metrics lacks {wanted}")
+    return stats
+
+
 def metric_sum(samples: Sequence[Sample], *names: str) -> float | None:
     """Sum over label sets of the first metric name present; None if none is exposed."""
     for name in names:
@@ -349,6 +389,11 @@ class RestartWatch:
         watched = self._get(box_id)
         return f"watch-{self.nonce}-{watched.generation}"
 
+    def generation(self, box_id: str) -> int:
+        """Restarts this adapter has seen (bounces, counter resets, marker changes), without the nonce:
+        for engines whose own fingerprint already names the process."""
+        return self._get(box_id).generation
+
 
 # --- What every adapter shares ------------------------------------------------------------------------
 
@@ -363,6 +408,9 @@ class EngineAdapter(ABC, Generic[PromptT]):
     with the default time limit, and a restart warm-up always the caller's sampling with the long one.
     """
 
+    engine_kind: EngineKind  # whose /metrics counters `cache_stats` reads
+    metrics_off_hint = "the server exposes no /metrics"
+
     def __init__(
         self,
         client: httpx.AsyncClient,
@@ -373,6 +421,12 @@ class EngineAdapter(ABC, Generic[PromptT]):
     ) -> None:
         self._http = EngineHttp(client, timeouts=timeouts, retry=retry)
         self._watch = watch or RestartWatch()
+
+    async def cache_stats(self, box: BoxSpec) -> CacheStats:
+        """The engine's cumulative prefix-cache counters from /metrics, by the one rule (`cache_stats_of`)."""
+        with unsupported_when_rejected(box, self.metrics_off_hint):
+            samples = await self._metrics(box)
+        return cache_stats_of(box, self.engine_kind, samples)
 
     async def _health_status(self, box: BoxSpec) -> int | None:
         return await self._http.status(box, "/health")
@@ -395,9 +449,18 @@ class EngineAdapter(ABC, Generic[PromptT]):
         except EngineRejected:
             return None
 
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """Unknown unless the engine says: placement then relies on the box's configured limits."""
+        return BoxCapacity(source="not reported by this engine")
+
     async def _process_start(self, box: BoxSpec) -> float | None:
         samples = await self._metrics_if_exposed(box)
         return None if samples is None else process_start_time(samples)
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        """Nothing reported by default (llama.cpp reuses any common token prefix; a generic server is
+        unknown): the profile's `block_tokens` applies."""
+        return CacheLayout()
 
     @abstractmethod
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | PromptT:
@@ -417,8 +480,17 @@ class EngineAdapter(ABC, Generic[PromptT]):
         """One non-streamed completion, parsed into a checked CompletionReport."""
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
+        if rank is not None:
+            raise NotSupported(box.id, f"{type(self).__name__} cannot pin a data-parallel rank")
         prompt = await self._prompt_for(box, prefix, suffix)
         return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0)
 

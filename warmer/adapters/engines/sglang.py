@@ -8,11 +8,27 @@ Sources (sgl-project/sglang):
   `meta_info.update({"completion_tokens": ..., "cached_tokens": recv_obj.cached_tokens[i]})`). Unlike
   `usage.prompt_tokens_details` on the OpenAI routes, `meta_info.cached_tokens` needs no server flag.
   Timings: `meta_info.e2e_latency` (seconds) when present.
-- GET /health: 200 when serving, 503 while starting. GET /get_server_info (newer: /server_info): the server
-  args, including `model_path` and `random_seed` (drawn at random per launch unless pinned), and `version`.
+- GET /health runs a real one-token generation (sglang 0.5.23 http_server.py `health_generate`, with
+  SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION on by default) and waits up to SGLANG_HEALTH_CHECK_TIMEOUT
+  (20 s) for the scheduler: 200 when it answered, 503 while starting, shutting down, or after that wait.
+  On a busy box it is slow, not down: a /health timeout on a box whose `/model_info` (tokenizer-manager
+  fields only, no scheduler round trip) still answers is "slow" and counts as up.
+- GET /server_info (the deprecated /get_server_info only
+  forwards to it: sglang 0.5.23 sglang/srt/entrypoints/http_server.py `get_server_info`): the resolved
+  server args (`server_args.resolved_dict()`, sglang/srt/utils/common.py `build_server_info`), including
+  `model_path`, `random_seed` (drawn at random per launch unless pinned), `page_size` and, for hybrid
+  models, `mamba_radix_cache_strategy` (earlier releases: `mamba_scheduler_strategy`), plus `version`.
 - GET /metrics (with `--enable-metrics`): `sglang:prompt_tokens_total`, `sglang:cached_tokens_total`
-  (labelled by `cache_source` in newer versions: summed), `sglang:cache_hit_rate` (gauge)
-  (docs/references/production_metrics.md).
+  (labelled by `cache_source` in newer versions: summed) (docs/references/production_metrics.md). It has
+  no `process_start_time_seconds` (SGLang serves a multi-process registry), so restarts are told by:
+  - the /server_info fingerprint: `startup_time` (0.5.23: the launch's measured per-phase durations,
+    http_server.py `set_startup_time`) and `random_seed` (drawn per launch unless pinned) change per
+    process; with `startup_time` present the epoch is that fingerprint alone, so a warmer restart over a
+    running SGLang keeps the epoch; without it nothing names the process and the epoch carries this
+    adapter's nonce (a warmer restart re-verifies);
+  - `sglang:prompt_tokens_total` going backwards (a counter only grows within one process);
+  - the box being unreachable (no answer at all) and coming back. A 503 or a slow /health from a process
+    that still answers is not a restart.
 
 Prompts are sent as text: SGLang tokenizes the same text the same way for the warm, the probe and the chat
 requests it renders, and /generate cannot mix token ids with a text suffix.
@@ -26,20 +42,31 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import httpx
+
 from warmer.adapters.engines.base import (
     EngineAdapter,
     EngineRejected,
     JsonObject,
+    RestartWatch,
     check_cached_within_prompt,
     count_field,
     fingerprint_digest,
     metric_sum,
     optional_seconds,
     reject_error_body,
-    unsupported_when_rejected,
 )
-from warmer.core.errors import MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, CacheStats, CompletionReport, Prefix
+from warmer.core.errors import EngineUnavailable, NotSupported
+from warmer.core.model import (
+    BoxSpec,
+    CacheLayout,
+    CompletionReport,
+    EngineKind,
+    EngineTimeouts,
+    MambaStrategy,
+    Prefix,
+    RetryPolicy,
+)
 
 GENERATE_PATH = "/generate"
 
@@ -62,29 +89,140 @@ def parse_generate(box: BoxSpec, body: JsonObject, wall_seconds: float) -> Compl
     )
 
 
+_STRATEGIES = {
+    "no_buffer": MambaStrategy.NO_BUFFER,
+    "extra_buffer": MambaStrategy.EXTRA_BUFFER,
+    "extra_buffer_lazy": MambaStrategy.EXTRA_BUFFER,  # same checkpoint grid, second buffer allocated late
+}
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def layout_from_server_info(info: JsonObject) -> CacheLayout:
+    """Page size and Mamba strategy from a /server_info body; anything absent or odd stays None.
+
+    `auto` is resolved by the server before it publishes the args (sglang 0.5.23 arg_groups/overrides.py:
+    auto -> extra_buffer or no_buffer for hybrid models); an unresolved or unknown value means "not known".
+    `mamba_cache_chunk_size` is not a server-arg field in 0.5.23 (a derived value, arg_groups/overrides.py),
+    so it is read only when a build reports it; otherwise it is derived from the profile and the page.
+    """
+    strategy = info.get("mamba_radix_cache_strategy", info.get("mamba_scheduler_strategy"))
+    return CacheLayout(
+        page_tokens=_positive_int(info.get("page_size")),
+        mamba_strategy=_STRATEGIES.get(strategy) if isinstance(strategy, str) else None,
+        mamba_chunk_tokens=_positive_int(info.get("mamba_cache_chunk_size")),
+        source="sglang /server_info",
+        data_parallel_ranks=_positive_int(info.get("dp_size")) or 1,
+    )
+
+
 class SglangEngine(EngineAdapter[str]):
     """EnginePort for SGLang's native /generate API."""
 
+    engine_kind = EngineKind.SGLANG
+    metrics_off_hint = "SGLang /metrics is off (start it with --enable-metrics)"
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        *,
+        timeouts: EngineTimeouts | None = None,
+        retry: RetryPolicy | None = None,
+        watch: RestartWatch | None = None,
+    ) -> None:
+        super().__init__(client, timeouts=timeouts, retry=retry, watch=watch)
+        self._layouts: dict[str, CacheLayout] = {}  # box id -> layout of the last /server_info read
+        self._epochs: dict[str, str] = {}  # box id -> the last epoch read
+
     async def _server_info(self, box: BoxSpec) -> JsonObject:
+        """/server_info, or the deprecated /get_server_info on servers that predate it."""
         try:
-            return await self._http.get_json(box, "/get_server_info", time_limit=self._http.timeouts.health)
+            info = await self._http.get_json(box, "/server_info", time_limit=self._http.timeouts.health)
         except EngineRejected as exc:
             if exc.status not in (404, 405):
                 raise
-        return await self._http.get_json(box, "/server_info", time_limit=self._http.timeouts.health)
+            info = await self._http.get_json(box, "/get_server_info", time_limit=self._http.timeouts.health)
+        self._layouts[box.id] = layout_from_server_info(info)
+        return info
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        """From the /server_info the epoch poll last read (it changes only with the process), else fresh."""
+        layout = self._layouts.get(box.id)
+        if layout is None:
+            await self._server_info(box)
+            layout = self._layouts[box.id]
+        return layout
+
+    async def health(self, box: BoxSpec) -> bool:
+        """Up on 200, and on a /health timeout while the box still answers (slow, not down). Only a box
+        that does not answer at all feeds the restart watch as down: a 503 comes from a live process."""
+        status, timed_out = await self._http.health_answer(box, "/health")
+        if status == 200:
+            self._watch.saw_health(box.id, True)
+            return True
+        if timed_out and await self._answers(box):
+            return True
+        if status is None:  # no answer at all (refused, or nothing answers in time): a restart may follow
+            self._watch.saw_health(box.id, False)
+        return False
+
+    async def _answers(self, box: BoxSpec) -> bool:
+        status, _ = await self._http.health_answer(box, "/model_info")
+        return status == 200
 
     async def epoch(self, box: BoxSpec) -> str:
-        started = await self._process_start(box)  # None also when --enable-metrics is off
-        if started is not None:
-            return f"sglang-start-{started!r}"
+        """The process identity (see the module docstring). /server_info asks the scheduler for its state
+        (http_server.py `server_info` -> `get_internal_state`), so on a busy box it can be as slow as
+        /health: when it does not answer but the box does, the last epoch stands (slow is not a restart)."""
+        try:
+            epoch = await self._epoch(box)
+        except EngineUnavailable:
+            last = self._epochs.get(box.id)
+            if last is not None and await self._answers(box):
+                return last
+            raise
+        self._epochs[box.id] = epoch
+        return epoch
+
+    async def _epoch(self, box: BoxSpec) -> str:
         info = await self._server_info(box)
         fingerprint = {key: info.get(key) for key in ("model_path", "random_seed", "version", "port")}
+        startup = info.get("startup_time")
+        per_process = isinstance(startup, dict) and bool(startup)
+        if per_process:
+            fingerprint["startup_time"] = startup
         marker = fingerprint_digest(fingerprint, length=12)
-        self._watch.saw_state(box.id, marker=marker)
+        samples = await self._metrics_if_exposed(box)  # None when --enable-metrics is off
+        prompts = None if samples is None else metric_sum(samples, "sglang:prompt_tokens_total")
+        self._watch.saw_state(box.id, marker=marker, counter=prompts)
+        generation = self._watch.generation(box.id)
+        if per_process:
+            return f"sglang-{marker}-g{generation}"
         return f"sglang-{marker}-{self._watch.epoch(box.id)}"
 
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str:
         return prefix.text + suffix
+
+    async def complete_prefix(
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
+    ) -> CompletionReport:
+        """`slot` is ignored (SGLang has no pinnable slots). With `rank`, the request names its
+        data-parallel rank, so the warm and its probe meet the same cache: `data_parallel_rank` (sglang
+        0.5.23 managers/io_struct.py GenerateReqInput: the deprecated alias of `routed_dp_rank`, still
+        accepted and mapped to it; earlier releases know only this spelling); the DP controller then
+        dispatches to that rank (managers/data_parallel_controller.py:
+        `if req.routed_dp_rank is not None`)."""
+        prompt = await self._prompt_for(box, prefix, suffix)
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, rank=rank)
 
     async def _complete(
         self,
@@ -95,11 +233,14 @@ class SglangEngine(EngineAdapter[str]):
         temperature: float,
         json_schema: dict[str, object] | None = None,
         time_limit: float | None = None,
+        rank: int | None = None,
     ) -> CompletionReport:
         params: JsonObject = {"max_new_tokens": max_tokens, "temperature": temperature}
         if json_schema is not None:
             params["json_schema"] = json.dumps(json_schema)  # SGLang takes the schema as a JSON string
         body: JsonObject = {"text": prompt, "sampling_params": params, "stream": False}
+        if rank is not None:
+            body["data_parallel_rank"] = rank
         response, wall = await self._http.post_json(box, GENERATE_PATH, body, time_limit=time_limit)
         reject_error_body(box, GENERATE_PATH, response, unless="meta_info")
         return parse_generate(box, response, wall)
@@ -111,15 +252,3 @@ class SglangEngine(EngineAdapter[str]):
 
     async def tokenize(self, box: BoxSpec, text: str) -> list[int]:
         raise NotSupported(box.id, "tokenize with the model profile's tokenizer file for SGLang boxes")
-
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        with unsupported_when_rejected(box, "SGLang /metrics is off (start it with --enable-metrics)"):
-            samples = await self._metrics(box)
-        prompt = metric_sum(samples, "sglang:prompt_tokens_total")
-        cached = metric_sum(samples, "sglang:cached_tokens_total")
-        # A gauge: with several series (one per DP rank) no single rate is honest, so report none.
-        rate_values = [s.value for s in samples if s.name == "sglang:cache_hit_rate"]
-        rate = rate_values[0] if len(rate_values) == 1 else None
-        if prompt is None and cached is None and rate is None:
-            raise MalformedResponse(box.id, "/metrics lacks sglang:prompt_tokens_total / cached_tokens_total")
-        return CacheStats(queried_tokens=prompt, hit_tokens=cached, hit_rate=rate)

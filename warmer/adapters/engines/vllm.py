@@ -12,6 +12,11 @@ Sources (vllm-project/vllm):
 - `/health` 200 when the engine is up; `/metrics`: `vllm:prefix_cache_queries_total`,
   `vllm:prefix_cache_hits_total` (tokens; docs/design/metrics.md "prefix_cache_hits ... in terms of number
   of cached tokens") and `process_start_time_seconds` from the Prometheus process collector (the epoch).
+- `vllm:cache_config_info`: an info gauge whose labels are the CacheConfig fields, `block_size` among them
+  (vllm/v1/metrics/loggers.py @ 005a810bc40faa25b8870fbc8559c3462581eee3, `log_engine_initialized` ->
+  `log_metrics_info("cache_config", ...)`). The block size is what a hit is counted in, and it varies by
+  backend and hybrid model (hybrid models get a block large enough for their state page), so warm
+  verification takes it from here.
 """
 
 from __future__ import annotations
@@ -20,14 +25,24 @@ from collections.abc import Sequence
 
 from warmer.adapters.engines.base import (
     JsonObject,
-    metric_sum,
+    process_start_time,
     string_field,
     token_list,
     unsupported_when_rejected,
 )
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
-from warmer.core.errors import MalformedResponse
-from warmer.core.model import BoxSpec, CacheStats, Prefix
+from warmer.core.model import BoxSpec, CacheLayout, EngineKind, Prefix
+from warmer.core.promtext import Sample
+
+
+def layout_from_metrics(samples: Sequence[Sample]) -> CacheLayout:
+    """`block_size` of `vllm:cache_config_info` (None when the gauge or the label is absent or odd)."""
+    for sample in samples:
+        if sample.name == "vllm:cache_config_info":
+            value = sample.label("block_size")
+            if value is not None and value.isdigit() and int(value) >= 1:
+                return CacheLayout(page_tokens=int(value), source="vllm /metrics vllm:cache_config_info")
+    return CacheLayout(source="vllm /metrics (no cache_config_info block_size)")
 
 
 class VllmEngine(OpenAICompatibleEngine):
@@ -35,6 +50,23 @@ class VllmEngine(OpenAICompatibleEngine):
 
     cache_hint = "start vLLM with --enable-prompt-tokens-details"
     kind = "vllm"
+    engine_kind = EngineKind.VLLM
+
+    async def _process_start(self, box: BoxSpec) -> float | None:
+        """The epoch read also refreshes the box's cache layout from the same /metrics body."""
+        samples = await self._metrics_if_exposed(box)
+        if samples is None:
+            return None
+        self._layouts[box.id] = layout_from_metrics(samples)
+        return process_start_time(samples)
+
+    async def cache_layout(self, box: BoxSpec) -> CacheLayout:
+        layout = self._layouts.get(box.id)
+        if layout is None:
+            samples = await self._metrics_if_exposed(box)
+            layout = CacheLayout() if samples is None else layout_from_metrics(samples)
+            self._layouts[box.id] = layout
+        return layout
 
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int]:
         if prefix.token_ids is None:
@@ -83,11 +115,3 @@ class VllmEngine(OpenAICompatibleEngine):
         with unsupported_when_rejected(box, "this vLLM has no /detokenize", statuses=(404, 405)):
             response, _ = await self._http.post_json(box, "/detokenize", body)
         return string_field(box, "/detokenize", response, "prompt")
-
-    async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        samples = await self._metrics(box)
-        queries = metric_sum(samples, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries")
-        hits = metric_sum(samples, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")
-        if queries is None or hits is None:
-            raise MalformedResponse(box.id, "/metrics lacks vllm:prefix_cache_queries_total / _hits_total")
-        return CacheStats(queried_tokens=queries, hit_tokens=hits)

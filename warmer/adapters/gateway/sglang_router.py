@@ -20,6 +20,27 @@ accepted with 202 and then fails in the background, so `register` checks the lis
 An add whose worker is unreachable keeps being retried by the router in the background: it can
 still land after `register` gave up with a GatewayError. Callers must therefore treat `registered()`
 as the truth on every pass and deregister any listed box they do not consider ready.
+
+The SGLang Model Gateway (smg, lightseekorg/smg @ 73da68ca9472bbc0ff5f63d31a8a21fbb8696359) answers a
+duplicate `POST /workers` with 409 `WORKER_ALREADY_EXISTS` (model_gateway/src/worker/service.rs
+`WorkerServiceError::Conflict`): that is success here (the worker is there; the listing confirms it).
+Its worker spec takes `runtime_type` (crates/protocols/src/worker.rs `RuntimeType`: sglang, vllm, trtllm,
+mlx, tokenspeed, external; lowercase), defaulting to sglang for a local worker it cannot classify
+(workflow/steps/local/create_worker.rs). SGLang and vLLM boxes are registered with their runtime; a
+llama.cpp or generic box gets none, because no runtime value names llama-server, and an unknown value
+would fail the request. sglang-router 0.3.2 ignores the field (measured: any value is accepted with 202
+and not listed), so sending it is harmless there.
+
+How a cold box is kept out. Both gateways health-check their workers themselves and send traffic again
+to a worker whose `/health` passes again, so a box that restarts while still registered would be
+re-admitted cold, before warmer re-warms it (measured against 0.3.2: a registered llama-server that is
+stopped and started again gets the router's traffic back with no call from warmer). Warmer therefore
+never leaves a box registered through a restart: gateway sync (warmer.service.gateway_sync) removes a
+box as soon as it stops being ready (unhealthy, new epoch, not verified warm), and adds it back only once
+its current epoch is verified warm. The window left open is a restart faster than one health poll of the
+reconciler, bounded by its poll interval: the next poll sees the new epoch (server fingerprint, counters)
+and the box is withdrawn. Warm requests go straight to the box, so a cache-aware router policy's own
+prefix tree does not know about them (HTTP workers); warmer's own routes carry the prefix affinity.
 """
 
 from __future__ import annotations
@@ -33,9 +54,13 @@ from urllib.parse import quote
 import httpx
 
 from warmer.core.errors import GatewayError
-from warmer.core.model import BoxSpec
+from warmer.core.model import BoxSpec, EngineKind
 
 ApiStyle = Literal["workers", "legacy", "auto"]
+
+
+# smg `RuntimeType` values for the engines that have one (see the module docstring).
+RUNTIME_TYPES: dict[EngineKind, str] = {EngineKind.SGLANG: "sglang", EngineKind.VLLM: "vllm"}
 
 
 def _same_url(url: str) -> str:
@@ -165,8 +190,14 @@ class SglangRouterGateway:
             if response.status_code != 200:
                 raise self._fail(response, f"add worker {url} (legacy)")
         else:
-            response = await self._request("POST", "/workers", json={"url": url})
-            if response.status_code not in (200, 201, 202):
+            body: dict[str, str] = {"url": url}
+            runtime = RUNTIME_TYPES.get(box.engine)
+            if runtime is not None:
+                body["runtime_type"] = runtime
+            response = await self._request("POST", "/workers", json=body)
+            # 409: smg already has a worker at this URL (e.g. added by an earlier pass whose listing
+            # had not shown it yet): success, confirmed by the listing below.
+            if response.status_code not in (200, 201, 202, 409):
                 raise self._fail(response, f"add worker {url}")
         await self._settle(url, present=True)
 

@@ -1,0 +1,337 @@
+"""Pure pieces of the fleet benchmark (`python -m bench.fleet`): the agents it serves and the call schedule.
+
+Agents are written as real agent spec TOML files (static blocks, a tools file, the dynamic tail last) and
+loaded back through warmer's own loader, so the benchmark's prompts are exactly what warmer renders. Their
+text is generated from a seed (persona, rules, call flow, reference, examples), grown until a turn-1
+prompt reaches the target token count.
+
+The schedule is a seeded, deterministic list of calls: Poisson arrivals (uniform order statistics over the
+arrival window, which is a Poisson process conditioned on the call count), Zipf popularity over agents,
+1-4 turns with a share of one-turn calls, a pause before each later turn, and per-call values for the
+dynamic tail. Every policy replays the same schedule.
+
+No I/O here except `write_agent_files`, which only writes the generated files into a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# -- agents ---------------------------------------------------------------------------------------------
+
+MODEL_PROFILE = "tiny-demo"
+
+
+@dataclass(frozen=True)
+class AgentTheme:
+    """What one generated agent is about: its id, company, role and the nouns its reference talks of."""
+
+    agent_id: str
+    company: str
+    role: str
+    goal: str
+    items: tuple[str, ...]
+    tools: tuple[tuple[str, str], ...]  # (name, description)
+
+
+THEMES: tuple[AgentTheme, ...] = (
+    AgentTheme(
+        "outbound-sales",
+        "Northwind Mobile",
+        "a friendly outbound sales agent",
+        "offer existing customers a better mobile plan",
+        ("plan", "bundle", "roaming pack", "data add-on", "family line"),
+        (("send_offer_link", "Send the plan offer link."), ("schedule_callback", "Book a callback.")),
+    ),
+    AgentTheme(
+        "inbound-support",
+        "Contoso Fibre",
+        "a patient broadband support agent",
+        "fix the caller's internet connection or book an engineer",
+        ("router model", "line profile", "outage code", "engineer slot", "speed tier"),
+        (("run_line_test", "Run a line test."), ("book_engineer", "Book an engineer visit.")),
+    ),
+    AgentTheme(
+        "billing",
+        "Fabrikam Energy",
+        "a precise billing agent",
+        "explain the caller's bill and set up a payment plan if needed",
+        ("tariff", "meter reading", "payment plan", "direct debit", "late fee"),
+        (("lookup_bill", "Look up a bill."), ("create_payment_plan", "Create a payment plan.")),
+    ),
+    AgentTheme(
+        "appointments",
+        "Litware Clinics",
+        "a warm clinic receptionist",
+        "book, move or cancel the caller's appointment",
+        ("clinic", "practitioner", "slot", "referral", "follow-up visit"),
+        (("find_slots", "Find free slots."), ("book_slot", "Book a slot."), ("cancel_slot", "Cancel.")),
+    ),
+    AgentTheme(
+        "collections",
+        "Tailspin Finance",
+        "a respectful payment reminder agent",
+        "agree a date for an overdue payment without pressure",
+        ("balance", "instalment", "grace period", "hardship code", "settlement"),
+        (("record_promise", "Record a promise to pay."), ("flag_hardship", "Flag hardship.")),
+    ),
+    AgentTheme(
+        "survey",
+        "Adatum Travel",
+        "a cheerful survey caller",
+        "ask five short questions about the caller's last trip",
+        ("question", "rating", "route", "lounge", "voucher"),
+        (("save_answer", "Save one answer."), ("send_voucher", "Send the thank-you voucher.")),
+    ),
+)
+
+_ADJECTIVES = ("basic", "standard", "plus", "premium", "flex", "saver", "classic", "express", "prime")
+_CLAUSES = (
+    "it can be changed at any time without a fee",
+    "it needs a confirmation by text message before it applies",
+    "it is only available to customers of more than a year",
+    "it starts on the first day of the next billing month",
+    "the caller must hear the full terms before agreeing",
+    "it cannot be combined with another promotion",
+    "a supervisor must approve it when the amount is above the limit",
+    "it is free for the first three months",
+)
+_RULES = (
+    "Never read the call details out as a list; use them naturally.",
+    "Keep every reply under three short sentences: this is a phone call.",
+    "If the caller asks for a human, offer a callback and end politely.",
+    "Never promise a price or a date that is not in the reference below.",
+    "If the caller is driving or busy, offer to call back later.",
+    "Confirm any change by repeating it once, slowly, before you act.",
+    "Do not ask for card numbers or passwords; the systems never need them.",
+    "If you did not understand, ask one short question instead of guessing.",
+    "Use the tools for every change; never claim something is done before the tool answers.",
+    "Stay calm if the caller is upset; acknowledge the feeling, then offer the next step.",
+)
+_STEPS = (
+    "Greet the caller by first name and say who you are and why you call.",
+    "Check it is a good moment; if not, offer a callback time.",
+    "Ask one open question to learn what matters to the caller.",
+    "Match what you heard to one option from the reference.",
+    "Explain that option in one or two sentences with its price.",
+    "Answer questions using only the reference; say when you do not know.",
+    "Ask for a clear yes or no before using a tool.",
+    "Summarise what happens next and thank the caller.",
+)
+
+
+def _reference_entry(theme: AgentTheme, rng: random.Random, index: int) -> str:
+    item = theme.items[index % len(theme.items)]
+    code = f"{theme.agent_id[:2].upper()}-{100 + index * 7}"
+    return (
+        f"- {item.capitalize()} {code} ({rng.choice(_ADJECTIVES)}): {rng.randint(2, 90)} units, "
+        f"{rng.randint(5, 80)}.{rng.randint(0, 99):02d} a month; {rng.choice(_CLAUSES)}."
+    )
+
+
+def _example(theme: AgentTheme, rng: random.Random, index: int) -> str:
+    item = theme.items[rng.randrange(len(theme.items))]
+    return (
+        f"Example {index + 1}.\nCaller: What about the {item}?\n"
+        f"You: The {rng.choice(_ADJECTIVES)} {item} is what most people pick; shall I tell you the price?"
+    )
+
+
+@dataclass(frozen=True)
+class AgentFiles:
+    """The files of one generated agent: `<id>.toml` and `<id>.tools.json`, as text."""
+
+    agent_id: str
+    toml: str
+    tools_json: str
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: JSON's escapes (\\n, \\", \\\\, \\uXXXX) are valid TOML ones."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def agent_files(theme: AgentTheme, reference_entries: int, seed: int) -> AgentFiles:
+    """One agent spec in the layout of config/agents/outbound-sales.toml, with `reference_entries` facts."""
+    rng = random.Random(f"{seed}:{theme.agent_id}")
+    persona = (
+        f"You are {theme.role} for {theme.company}.\nYour job on this call: {theme.goal}.\n"
+        "The caller's name, the local time and the call id are given at the end of this prompt, in the "
+        "call details.\nYour voice is calm and warm. You never pressure anyone."
+    )
+    rules = "Rules:\n" + "\n".join(f"{i + 1}. {rule}" for i, rule in enumerate(rng.sample(_RULES, 8)))
+    flow = "Call flow:\n" + "\n".join(f"Step {i + 1}: {step}" for i, step in enumerate(_STEPS))
+    reference = f"Reference for {theme.company}:\n" + "\n".join(
+        _reference_entry(theme, rng, i) for i in range(reference_entries)
+    )
+    examples = "Examples:\n" + "\n\n".join(_example(theme, rng, i) for i in range(3))
+    blocks = [("persona", persona), ("rules", rules), ("call-flow", flow)]
+    blocks += [("reference", reference), ("examples", examples)]
+    lines = [
+        "# Generated by bench/fleet_plan.py: per-call values only in the dynamic tail, rendered last.",
+        f'model = "{MODEL_PROFILE}"',
+        f'tools_file = "{theme.agent_id}.tools.json"',
+        "",
+    ]
+    for name, text in blocks:
+        lines += ["[[blocks]]", f'name = "{name}"', f"text = {_toml_string(text)}", ""]
+    tail = (
+        "Call details\nCustomer: {customer_name}\nLocal time: {now}\nCall id: {call_id}\n"
+        "The call has just connected. Start with the greeting."
+    )
+    lines += ["[dynamic]", 'role = "user"', f"template = {_toml_string(tail)}", ""]
+    lines += ["[placeholders]", 'customer_name = "name"', 'now = "datetime"', 'call_id = "uuid"', ""]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": description,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"note": {"type": "string", "description": "What the caller agreed."}},
+                    "required": ["note"],
+                },
+            },
+        }
+        for name, description in theme.tools
+    ]
+    return AgentFiles(theme.agent_id, "\n".join(lines), json.dumps(tools, indent=1))
+
+
+def grow_agent(
+    theme: AgentTheme, seed: int, target_tokens: int, turn1_tokens: Callable[[AgentFiles], int]
+) -> AgentFiles:
+    """The smallest number of reference entries whose turn-1 prompt reaches `target_tokens` (counted by
+    the injected `turn1_tokens`, which renders and tokenizes exactly as warmer does)."""
+    entries = 1
+    files = agent_files(theme, entries, seed)
+    while turn1_tokens(files) < target_tokens:
+        entries += 1
+        if entries > 10_000:
+            raise ValueError(f"{theme.agent_id}: cannot reach {target_tokens} turn-1 tokens")
+        files = agent_files(theme, entries, seed)
+    return files
+
+
+def write_agent_files(directory: Path, files: Sequence[AgentFiles]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    for agent in files:
+        (directory / f"{agent.agent_id}.toml").write_text(agent.toml)
+        (directory / f"{agent.agent_id}.tools.json").write_text(agent.tools_json)
+
+
+# -- the call schedule ----------------------------------------------------------------------------------
+
+_FIRST = ("Ana", "Bilal", "Chen", "Dana", "Emeka", "Farah", "Gita", "Hugo", "Ines", "Jonas", "Kemal", "Lea")
+_LAST = ("Souza", "Khan", "Wei", "Levi", "Obi", "Aziz", "Rao", "Lenz", "Moreau", "Berg", "Yilmaz", "Costa")
+_USER_LINES = (
+    "Hello? Yes, this is me. Who is calling?",
+    "Okay, go on, but I only have a minute.",
+    "How much would that cost me each month?",
+    "Can you send me the details by text?",
+    "No thanks, I am happy with what I have.",
+    "Wait, what happens at the end of the contract?",
+    "Is there a fee if I change my mind later?",
+    "Could you call me back tomorrow morning?",
+    "Sorry, I did not catch that. Say it again?",
+    "Fine, let us do it. What do you need from me?",
+)
+DEFAULT_TURN_WEIGHTS: tuple[float, ...] = (0.35, 0.25, 0.2, 0.2)  # 1, 2, 3, 4 turns
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """A later turn: wait `pause_s` after the previous reply, then say `user_text`."""
+
+    pause_s: float
+    user_text: str
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One scheduled call: when it starts (seconds from traffic start), its agent, its tail values, and
+    the turns after turn 1 (turn 1 is the agent's prompt with the values in the dynamic tail)."""
+
+    index: int
+    call_id: str
+    agent: str
+    start_s: float
+    values: Mapping[str, str]
+    later_turns: tuple[TurnPlan, ...] = field(default_factory=tuple)
+
+    @property
+    def turns(self) -> int:
+        return 1 + len(self.later_turns)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """The traffic knobs. `arrival_window_s`: calls start within [0, window]; `zipf_s`: popularity
+    exponent over agents in the given order (s = 1 over 6 agents gives the first ~41% of calls)."""
+
+    calls: int = 110
+    arrival_window_s: float = 200.0
+    zipf_s: float = 1.0
+    turn_weights: tuple[float, ...] = DEFAULT_TURN_WEIGHTS
+    pause_s: tuple[float, float] = (2.0, 6.0)
+    seed: int = 7
+
+    def __post_init__(self) -> None:
+        if self.calls < 1:
+            raise ValueError(f"calls must be >= 1, got {self.calls}")
+        if self.arrival_window_s <= 0:
+            raise ValueError(f"arrival_window_s must be > 0, got {self.arrival_window_s}")
+        if not self.turn_weights or any(w < 0 for w in self.turn_weights) or sum(self.turn_weights) <= 0:
+            raise ValueError("turn_weights must be non-negative with a positive sum")
+        low, high = self.pause_s
+        if low < 0 or high < low:
+            raise ValueError(f"pause_s must be 0 <= low <= high, got {self.pause_s}")
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    """Normalized Zipf weights 1/k^s for ranks 1..n."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    raw = [1.0 / (k**s) for k in range(1, n + 1)]
+    total = sum(raw)
+    return [w / total for w in raw]
+
+
+def make_schedule(spec: ScheduleSpec, agents: Sequence[str]) -> list[CallPlan]:
+    """The seeded call schedule, sorted by start time; the same spec and agents give the same calls."""
+    if not agents:
+        raise ValueError("at least one agent is required")
+    rng = random.Random(spec.seed)
+    starts = sorted(rng.uniform(0.0, spec.arrival_window_s) for _ in range(spec.calls))
+    weights = zipf_weights(len(agents), spec.zipf_s)
+    turn_counts = list(range(1, len(spec.turn_weights) + 1))
+    calls = []
+    for index, start in enumerate(starts):
+        agent = rng.choices(list(agents), weights=weights)[0]
+        turns = rng.choices(turn_counts, weights=spec.turn_weights)[0]
+        call_id = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        minute = rng.randrange(8 * 60, 20 * 60)
+        values = {
+            "customer_name": f"{rng.choice(_FIRST)} {rng.choice(_LAST)}",
+            "now": f"{1 + index % 28} December 2026, {minute // 60:02d}:{minute % 60:02d}",
+            "call_id": call_id,
+        }
+        later = tuple(
+            TurnPlan(round(rng.uniform(*spec.pause_s), 3), rng.choice(_USER_LINES)) for _ in range(turns - 1)
+        )
+        calls.append(CallPlan(index, call_id, agent, round(start, 3), values, later))
+    return calls
+
+
+def agent_shares(calls: Sequence[CallPlan]) -> dict[str, float]:
+    """Share of calls per agent."""
+    counts: dict[str, int] = {}
+    for call in calls:
+        counts[call.agent] = counts.get(call.agent, 0) + 1
+    return {agent: count / len(calls) for agent, count in counts.items()}

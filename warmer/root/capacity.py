@@ -1,0 +1,77 @@
+"""Wiring of the capacity figures: settings -> `CapacityService`, the per-call token source, the gauge loop.
+
+The service reads the running reconciler's snapshot and the hit-rate monitor's windows through lookups
+made on every call (both are root tasks that exist only while they run). The gauges are refreshed once per
+hit-rate window, since that is how often the use figures change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+
+from warmer.config.settings import Settings
+from warmer.config.tokenizer import offline_renderer, offline_tokenizer
+from warmer.core.agents import AgentSpec
+from warmer.core.errors import ConfigError, WarmerError
+from warmer.core.model import ModelProfile
+from warmer.core.prefix import compute_stable_prefix
+from warmer.ports import Clock
+from warmer.service.capacity import CapacityConfig, CapacityService
+
+
+def capacity_config(settings: Settings) -> CapacityConfig:
+    """The capacity knobs from `[capacity]`."""
+    section = settings.capacity
+    return CapacityConfig(
+        safe_fraction=section.safe_fraction, max_usage_age_seconds=section.max_usage_age_seconds
+    )
+
+
+class OfflineCallTokens:
+    """Uncached tokens of an agent's turn-1 prompt on a warm box (turn-1 prompt minus its stable prefix),
+    computed offline like `warmer lint` and cached per spec content. None when the profile cannot render
+    offline or the agent is not configured here."""
+
+    def __init__(self, agents: Callable[[], Mapping[str, AgentSpec]], profiles: Mapping[str, ModelProfile]):
+        self._agents = agents
+        self._profiles = profiles
+        self._known: dict[str, int | None] = {}
+
+    async def __call__(self, agent_id: str) -> int | None:
+        spec = self._agents().get(agent_id)
+        if spec is None:
+            return None
+        if spec.spec_hash not in self._known:
+            self._known[spec.spec_hash] = await asyncio.to_thread(self._compute, spec)
+        return self._known[spec.spec_hash]
+
+    def _compute(self, spec: AgentSpec) -> int | None:
+        profile = self._profiles.get(spec.model)
+        if profile is None:
+            return None
+        try:
+            stable = compute_stable_prefix(spec, offline_renderer(profile), offline_tokenizer(profile))
+        except ConfigError:
+            return None
+        return max(1, stable.turn1_prompt_tokens - stable.token_count)
+
+
+async def run_capacity_gauges(
+    service: CapacityService, clock: Clock, period_seconds: float, stopping: asyncio.Event
+) -> None:
+    """The `capacity` root task: recompute the report (which sets the gauges) once per period."""
+    stop_waiter = asyncio.ensure_future(stopping.wait())
+    try:
+        while not stopping.is_set():
+            # CapacityUnavailable (the reconciler is not running yet) or a store outage: next period.
+            with contextlib.suppress(WarmerError):
+                await service.report()
+            timer = asyncio.ensure_future(clock.sleep(period_seconds))
+            try:
+                await asyncio.wait({timer, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                timer.cancel()
+    finally:
+        stop_waiter.cancel()

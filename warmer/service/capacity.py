@@ -1,0 +1,213 @@
+"""`GET /v1/capacity` and the capacity gauges: per agent group, the uncached prefill budget left.
+
+Reads what the daemon already has, and adds no scraper of its own:
+* routes and epochs from the reconciler's snapshot (the same read-only view `/v1/routes` answers from);
+* each box's use from the hit-rate monitor's counter windows (`UncachedRateSource`);
+* each box's ceiling from the profile's `prefill_tokens_per_second` when set, else from the restart
+  warm-up's long prefill of the box's current epoch: exact when this daemon saw that request
+  (`PrefillCeilings.record_long_prefill`, fed by `RestartWarmup`), else a conservative estimate from the
+  phase record in the store (see `_ceiling_from_phase`).
+The arithmetic is `warmer.core.capacity`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from warmer.core.capacity import (
+    DEFAULT_SAFE_FRACTION,
+    AgentCapacity,
+    BoxCapacity,
+    PrefillCeiling,
+    UncachedRate,
+    agent_capacity,
+    box_capacity,
+    ceiling_from_prefill,
+)
+from warmer.core.errors import WarmerError
+from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName
+from warmer.ports import Clock, StorePort
+from warmer.service.reconcile_types import Snapshot
+from warmer.service.restart import long_prefill_target
+
+
+class CapacityUnavailable(WarmerError):
+    """The reconciler is not running (daemon starting or stopping): no routes to size."""
+
+
+class UncachedRateSource(Protocol):
+    """Per box, the uncached tokens/s of its last counter window (the hit-rate monitor implements it)."""
+
+    def uncached_rates(self) -> Mapping[str, UncachedRate]: ...
+
+
+class CapacityObserver(Protocol):
+    """Where each computed report goes (the root sets Prometheus gauges from it)."""
+
+    def capacity(self, boxes: Sequence[BoxCapacity], agents: Sequence[AgentCapacity]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityConfig:
+    safe_fraction: float = DEFAULT_SAFE_FRACTION
+    # A counter window older than this says nothing about now (the monitor stopped or the box is failing).
+    max_usage_age_seconds: float = 180.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.safe_fraction <= 1.0:
+            raise ValueError("safe_fraction must be within (0, 1]")
+        if self.max_usage_age_seconds <= 0:
+            raise ValueError("max_usage_age_seconds must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityReport:
+    safe_fraction: float
+    boxes: tuple[BoxCapacity, ...]
+    agents: tuple[AgentCapacity, ...]
+
+
+class PrefillCeilings:
+    """Measured prefill ceilings per box, for the epoch they were measured in (a restart forgets them).
+
+    `record_long_prefill` is `RestartWarmup`'s hook: the long prefill is one request of nearly the whole
+    context with one output token, so computed tokens / the engine's prompt seconds is the box's rate at
+    full prefill load. The engine's prompt time is used when it reports one (llama.cpp `timings.prompt_ms`),
+    else its whole request time.
+    """
+
+    def __init__(self) -> None:
+        self._by_box: dict[str, tuple[str, float]] = {}
+
+    def record_long_prefill(self, box: BoxSpec, epoch: str, report: CompletionReport) -> None:
+        seconds = report.prompt_seconds if report.prompt_seconds is not None else report.engine_seconds
+        rate = ceiling_from_prefill(report.prompt_tokens, report.cached_tokens, seconds)
+        if rate is not None:
+            self._by_box[box.id] = (epoch, rate)
+
+    def measured(self, box_id: str, epoch: str | None) -> float | None:
+        found = self._by_box.get(box_id)
+        if found is None or epoch is None or found[0] != epoch:
+            return None
+        return found[1]
+
+
+PerCallTokens = Callable[[str], Awaitable[int | None]]
+
+
+class CapacityService:
+    """Builds the capacity report from the reconciler snapshot, the monitor's windows and the ceilings."""
+
+    def __init__(
+        self,
+        *,
+        snapshot: Callable[[], Snapshot | None],
+        usage: Callable[[], UncachedRateSource | None],
+        ceilings: PrefillCeilings,
+        profiles: Mapping[str, ModelProfile],
+        store: Callable[[], StorePort | None],
+        clock: Clock,
+        config: CapacityConfig | None = None,
+        per_call_tokens: PerCallTokens | None = None,
+        observer: CapacityObserver | None = None,
+    ) -> None:
+        self._snapshot = snapshot
+        self._usage = usage
+        self._ceilings = ceilings
+        self._profiles = profiles
+        self._store = store
+        self._clock = clock
+        self._config = config or CapacityConfig()
+        self._per_call_tokens = per_call_tokens
+        self._observer = observer
+        self._phase_ceilings: dict[tuple[str, str], float] = {}
+
+    async def report(self) -> CapacityReport:
+        snapshot = self._snapshot()
+        if snapshot is None:
+            raise CapacityUnavailable("the reconciler is not running (daemon starting or stopping)")
+        source = self._usage()
+        rates = dict(source.uncached_rates()) if source is not None else {}
+        now = self._clock.monotonic()
+        boxes = []
+        for box_id in sorted(snapshot.boxes):
+            spec = snapshot.boxes[box_id]
+            live = snapshot.live.get(box_id)
+            epoch = live.epoch if live is not None else None
+            rate = rates.get(box_id)
+            if rate is not None and now - rate.at > self._config.max_usage_age_seconds:
+                rate = None
+            ceiling = await self._ceiling(spec, epoch, snapshot)
+            boxes.append(box_capacity(box_id, ceiling, rate, safe_fraction=self._config.safe_fraction))
+        routed = {agent: tuple(r.box_id for r in found) for agent, found in snapshot.routes().items()}
+        for agent_id in snapshot.prefixes:
+            routed.setdefault(agent_id, ())
+        per_call: dict[str, int] = {}
+        if self._per_call_tokens is not None:
+            for agent_id in routed:
+                tokens = await self._per_call_tokens(agent_id)
+                if tokens is not None:
+                    per_call[agent_id] = tokens
+        by_id = {b.box_id: b for b in boxes}
+        agents = agent_capacity(routed, by_id, uncached_tokens_per_call=per_call)
+        if self._observer is not None:
+            self._observer.capacity(boxes, agents)
+        return CapacityReport(self._config.safe_fraction, tuple(boxes), tuple(agents))
+
+    async def _ceiling(self, box: BoxSpec, epoch: str | None, snapshot: Snapshot) -> PrefillCeiling | None:
+        profile = self._profiles.get(box.model)
+        if profile is not None and profile.prefill_tokens_per_second is not None:
+            return PrefillCeiling(profile.prefill_tokens_per_second, "profile")
+        measured = self._ceilings.measured(box.id, epoch)
+        if measured is not None:
+            return PrefillCeiling(measured, "measured")
+        if epoch is None or profile is None:
+            return None
+        cached = self._phase_ceilings.get((box.id, epoch))
+        if cached is None:
+            cached = await self._ceiling_from_phase(
+                box, epoch, profile, _longest_assigned_prefix(snapshot, box.id)
+            )
+        return None if cached is None else PrefillCeiling(cached, "warmup_phase")
+
+    async def _ceiling_from_phase(
+        self, box: BoxSpec, epoch: str, profile: ModelProfile, longest_prefix: int | None
+    ) -> float | None:
+        """The long-prefill phase an earlier daemon recorded: a lower bound of its prompt tokens over its
+        engine seconds, so the estimate errs low (pacing to it never overloads the box).
+
+        The record holds no token count. The prompt was sized to 97-100% of the warm-up's target, which is
+        at most the context minus the recipe margin and, where the warm-up sizes it from the real prompts,
+        at least the longest stable prefix it serves: the smaller of the two is taken."""
+        store = self._store()
+        if store is None:
+            return None
+        try:
+            phases = await store.list_phases(box.id, epoch)
+        except WarmerError:
+            return None  # the store is down: no estimate this time, asked again next time
+        for phase in phases:
+            if phase.phase is PhaseName.LONG_PREFILL and phase.ok and phase.requests == 1:
+                tokens = long_prefill_target(profile.restart, profile)
+                if longest_prefix:
+                    tokens = min(tokens, longest_prefix)
+                rate = ceiling_from_prefill(tokens, 0, phase.engine_seconds)
+                if rate is not None and math.isfinite(rate):
+                    self._phase_ceilings[(box.id, epoch)] = rate
+                    return rate
+        return None
+
+
+def _longest_assigned_prefix(snapshot: Snapshot, box_id: str) -> int | None:
+    """Tokens of the longest stable prefix among the agents assigned to `box_id` (None: none known)."""
+    if snapshot.desired is None:
+        return None
+    sizes = [
+        snapshot.prefixes[agent_id].prefix.token_count
+        for agent_id, group in snapshot.desired.assignment.items()
+        if box_id in group and agent_id in snapshot.prefixes
+    ]
+    return max(sizes, default=None)
