@@ -73,6 +73,8 @@ def test_a_postgresql_outage_is_503_with_a_reason_and_the_api_recovers(
         assert "[SQL:" not in response.text  # the statement never reaches a client
     assert down["webhook"].status_code == 503, down["webhook"].text
     assert down["webhook"].json()["outcome"] == "unavailable"
+    assert down["webhook"].json()["detail"].startswith("database unavailable: ")
+    assert "[SQL:" not in down["webhook"].text
 
     up = asyncio.run(calls())
     assert up["boxes"].status_code == 200, up["boxes"].text

@@ -36,6 +36,8 @@ TOKEN = "front-door-token"
 SECRET = "front-door-secret"
 ALLOWED_BOX_URLS = ("http://*.gpu.internal:18093", "http://10.0.9.*:8080")
 OUTAGE = "database unavailable: connection refused (the database is down)"
+# SQLAlchemy's layout: the statement and its parameters follow the first line (never shown to a client)
+OUTAGE_DETAIL = "\n[SQL: SELECT * FROM webhook_events WHERE id = ?]\n[parameters: ('secret-id',)]"
 
 
 class OutageStore:
@@ -52,7 +54,7 @@ class OutageStore:
 
         async def call(*args: Any, **kwargs: Any) -> Any:
             if self.down:
-                raise StoreUnavailable(OUTAGE)
+                raise StoreUnavailable(OUTAGE + OUTAGE_DETAIL)
             return await attribute(*args, **kwargs)
 
         return call

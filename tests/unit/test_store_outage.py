@@ -56,7 +56,7 @@ def test_a_database_outage_is_503_with_a_reason_on_every_route_that_reads_the_st
     webhook = answers["webhook"]
     assert webhook.status_code == 503, webhook.text
     assert webhook.json()["outcome"] == "unavailable"
-    assert OUTAGE in webhook.json()["detail"]
+    assert webhook.json()["detail"] == f"{OUTAGE}; retry later"
 
     stack.store.down = False  # the database is back: the same webhook is applied, not a "duplicate"
 

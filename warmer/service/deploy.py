@@ -114,6 +114,12 @@ class WebhookConfig:
     default_slots: int = 1  # slots of a `box.added` box that does not say
 
 
+def _first_line(exc: Exception) -> str:
+    """What failed, without the SQL statement and parameters a database error carries on later lines."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
 def rollout_epoch_tag(event_id: str) -> str:
     """Short, stable tag that makes a box's epoch new after the rollout named by `event_id`."""
     return "rollout-" + hashlib.sha256(event_id.encode()).hexdigest()[:12]
@@ -190,7 +196,9 @@ class DeployService:
         try:
             return await self._remember_and_apply(body, event, spec, control, store)
         except StoreError as exc:  # the database blinked: nothing may be half-done silently, so say retry
-            return DeployResult(DeployOutcome.UNAVAILABLE, f"{exc}; retry later", event.id, event.kind)
+            return DeployResult(
+                DeployOutcome.UNAVAILABLE, f"{_first_line(exc)}; retry later", event.id, event.kind
+            )
 
     async def _remember_and_apply(
         self, body: bytes, event: DeployEvent, spec: AgentSpec | None, control: FleetControl, store: StorePort
