@@ -97,3 +97,48 @@ def test_serve_exits_nonzero_when_its_port_is_taken(tmp_path: Path) -> None:
         )
     assert done.returncode != 0
     assert "root task failed" in done.stderr or "root task ended" in done.stderr, done.stderr
+
+
+def test_a_second_serve_on_the_same_sqlite_file_refuses_to_start(serve: Serve, tmp_path: Path) -> None:
+    wait_for_health(serve)
+    database = tmp_path / "state" / "warmer.db"
+    second_port = free_loopback_port()
+    env = clean_env(
+        WARMER_API__PORT=str(second_port),
+        WARMER_DATABASE__STATE_DIR=str(tmp_path / "state"),
+        WARMER_LOGGING__FORMAT="json",
+    )
+    done = subprocess.run(
+        [warmer_script(), "--config", str(EXAMPLE), "serve"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=START_TIMEOUT_SECONDS,
+    )
+    assert done.returncode != 0, done.stderr
+    assert f"database file {database.absolute()} is in use by another warmer serve" in done.stderr
+    assert f"(pid {serve.process.pid})" in done.stderr
+    # the first daemon never noticed, and once it is gone the file is free for the next one
+    assert httpx.get(f"{serve.base_url}/readyz", timeout=5).status_code == 200
+    serve.stop(STOP_TIMEOUT_SECONDS)
+    with running_serve(EXAMPLE, second_port, tmp_path / "serve-2.log", env=env) as successor:
+        wait_for_health(successor)
+        successor.stop(STOP_TIMEOUT_SECONDS)
+
+
+def test_a_real_serve_answers_hostile_bodies_with_400_and_413_and_keeps_serving(serve: Serve) -> None:
+    """Over a real socket: the connection is answered, not dropped, and the daemon stays up."""
+    wait_for_health(serve)
+    deep = b"[" * 2000 + b"]" * 2000
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=serve.base_url, timeout=30) as client:
+        for method, path in (("POST", "/v1/prewarm"), ("PUT", "/v1/campaigns/deep")):
+            response = client.request(method, path, content=deep, headers=headers)
+            assert response.status_code == 400, response.text
+            assert response.json()["detail"] == "JSON nested deeper than 64 levels"
+        huge = client.post("/v1/prewarm", content=b'{"agent": "' + b"a" * 100_000 + b'"}', headers=headers)
+        assert huge.status_code == 413, huge.text
+        listed = client.get("/v1/campaigns")
+        assert (listed.status_code, listed.json()) == (200, {"campaigns": []})
+        assert client.get("/healthz").status_code == 200
+    serve.stop(STOP_TIMEOUT_SECONDS)

@@ -476,10 +476,10 @@ def test_the_daemon_serves_capacity_when_it_has_boxes() -> None:
     assert "/v1/capacity" in with_boxes.api.openapi()["paths"]
     starting = _get_app(with_boxes.api)  # the service is wired; its reconciler is not running yet
     assert starting.status_code == 503
-    assert "reconciler is not running" in starting.json()["detail"]
+    assert "reconciler is not running" in starting.json()["reason"]
     empty = _get_app(build(Settings()).api)
     assert empty.status_code == 503  # no fleet, nothing to size
-    assert empty.json()["detail"] == "capacity is not available"
+    assert empty.json() == {"error": "unavailable", "reason": "capacity is not available"}
 
 
 def _get_app(app: object) -> httpx.Response:

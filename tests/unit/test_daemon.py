@@ -145,3 +145,50 @@ def test_warmer_ready_follows_the_daemon_between_probes_and_drops_when_stopping(
 
     assert asyncio.run(scenario()) == 0
     assert ready_gauge() == 0
+
+
+def test_a_second_daemon_on_the_same_sqlite_file_refuses_to_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first_store, second_store, prepared = FakeStore(), FakeStore(), []
+    first = build_with(settings_for(tmp_path, free_port()), first_store, prepared)
+    second = build_with(settings_for(tmp_path, free_port()), second_store, prepared)
+    third = build_with(settings_for(tmp_path, free_port()), FakeStore(), [])
+
+    async def scenario() -> tuple[int, int]:
+        running = asyncio.create_task(first.run(handle_signals=False))
+        await wait_until_started(first, running)
+        second_run = asyncio.create_task(second.run(handle_signals=False))
+        done, _ = await asyncio.wait({second_run}, timeout=30)
+        if not done:  # it started: stop both, then fail below
+            second.supervisor.request_stop("test over")
+            await second_run
+        first.supervisor.request_stop("test over")
+        return (second_run.result() if done else -1), await running
+
+    assert asyncio.run(scenario()) == (1, 0)
+    assert prepared == [f"sqlite:///{tmp_path / 'warmer.db'}"]  # the second never touched the database
+    assert not second_store.closed  # never opened
+    assert second.http.is_closed
+    logged = capsys.readouterr()
+    refusal = f"database file {tmp_path / 'warmer.db'} is in use by another warmer serve"
+    assert refusal in logged.out + logged.err
+    # the first released its lock when it stopped: a new daemon on the file starts
+    assert (tmp_path / "warmer.db.lock").read_text().strip().isdigit()
+
+    async def again() -> int:
+        running = asyncio.create_task(third.run(handle_signals=False))
+        await wait_until_started(third, running)
+        third.supervisor.request_stop("test over")
+        return await running
+
+    assert asyncio.run(again()) == 0
+
+
+def test_a_server_database_takes_no_file_lock(tmp_path: Path) -> None:
+    from warmer.adapters.store.filelock import sqlite_database_file
+
+    assert sqlite_database_file("postgresql+psycopg://u@h/db") is None
+    assert sqlite_database_file("sqlite://") is None
+    assert sqlite_database_file("sqlite:///:memory:") is None
+    assert sqlite_database_file(f"sqlite:///{tmp_path}/x.db") == tmp_path / "x.db"

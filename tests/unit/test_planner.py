@@ -197,6 +197,22 @@ def test_warming_row_with_nothing_in_flight_is_abandoned_after_timeout() -> None
     assert plan(want, in_flight, 400.0, config(warming_timeout_seconds=300.0)).actions == ()
 
 
+def test_warming_row_left_by_an_earlier_daemon_is_abandoned_at_once() -> None:
+    want = desired({"a": ("b1",)})
+    row = WarmRecord("b1", "e1", "p-a", WarmState.WARMING, 1000, updated_at=100.0)
+    restarted = Observed(boxes={"b1": up()}, warm=records(row), trusted_after=100.5)
+    assert plan(want, restarted, 101.0, config(warming_timeout_seconds=300.0)).actions == (
+        AbandonWarm("b1", "e1", "p-a", "left warming by an earlier daemon"),
+    )
+    # this daemon's own warm (written after it started) still gets the timeout, and one in flight is kept
+    own = Observed(boxes={"b1": up()}, warm=records(row), trusted_after=100.0)
+    assert plan(want, own, 101.0, config(warming_timeout_seconds=300.0)).actions == ()
+    sending = Observed(
+        boxes={"b1": up()}, warm=records(row), trusted_after=100.5, in_flight=frozenset({("b1", "p-a")})
+    )
+    assert plan(want, sending, 101.0, config(warming_timeout_seconds=300.0)).actions == ()
+
+
 def test_concurrency_budget_counts_in_flight() -> None:
     want = desired({f"a{i}": ("b1",) for i in range(6)})
     cfg = config(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e9, burst_tokens=1e9))

@@ -10,7 +10,8 @@ import asyncio
 from dataclasses import replace
 
 from tests.unit.reconciler_fakes import FakeClock, World, route_boxes, settle, world
-from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord
+from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord, WarmRecord, WarmState
+from warmer.core.warmstate import RetryBackoff
 from warmer.service.reconcile_types import NullObserver
 from warmer.service.status import StatusService
 
@@ -150,6 +151,42 @@ def test_a_daemon_finishing_a_crashed_daemons_prefixes_phase_is_ready_as_resumed
         newest = (await ready_events(second))[0]
         assert newest.detail["resumed"] is True
         assert (await prefixes_phase(second)).ok is True
+        await second.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_warm_left_in_flight_by_a_killed_daemon_is_redone_at_once_by_the_next(store_url: str) -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        first = world(store_url, box_ids=("b1",), clock=clock, min_group=1)
+        first.engine.gate = asyncio.Event()  # every warm hangs: the daemon dies with them in flight
+        left: list[WarmRecord] = []
+        for _ in range(200):  # bounded: ticks until a warm is in flight (its row written in a worker thread)
+            await first.reconciler.tick()
+            await asyncio.sleep(0.01)
+            epoch = await first.store.current_epoch("b1")
+            rows = [] if epoch is None else await first.store.list_warm(box_id="b1", epoch=epoch)
+            left = [r for r in rows if r.state is WarmState.WARMING]
+            if left:
+                break
+        assert left, "the first daemon should have left a warming row behind"
+        await first.store.close()
+        first.engine.gate = None
+
+        clock.t += 60.0  # a minute later: far inside the 300 s warming timeout
+        second = world(store_url, box_ids=("b1",), engine=first.engine, clock=clock, min_group=1)
+        await second.reconciler.tick()
+        (given_up,) = await second.store.list_warm(box_id="b1", epoch=epoch)
+        assert (given_up.state, given_up.last_error) == (
+            WarmState.FAILED,
+            "left warming by an earlier daemon",
+        )
+        clock.t += RetryBackoff().initial_seconds  # then warmed again as any failed warm is
+        await settle(second.reconciler)
+        assert route_boxes(second.reconciler, "sales") == ["b1"]
+        (record,) = await second.store.list_warm(box_id="b1", epoch=epoch)
+        assert record.state is WarmState.WARM
         await second.store.close()
 
     asyncio.run(scenario())

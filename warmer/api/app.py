@@ -12,6 +12,8 @@ from fastapi import APIRouter, FastAPI
 
 from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm
 from warmer.api.services import ApiServices, Readiness
+from warmer.api.storeerrors import store_unavailable
+from warmer.core.errors import StoreError
 
 ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
     health.router,
@@ -32,6 +34,7 @@ def create_app(services: ApiServices) -> FastAPI:
     )
     for factory in ROUTER_FACTORIES:
         app.include_router(factory(services))
+    app.add_exception_handler(StoreError, store_unavailable)
     return app
 
 

@@ -7,17 +7,63 @@ same checks. A bad field is 422 naming it; nothing is stored.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    WithJsonSchema,
+)
 
 from warmer.api.auth import require_token
-from warmer.api.prewarm import first_problem, invalid, read_json
+from warmer.api.bodies import read_json
+from warmer.api.prewarm import first_problem, invalid
+from warmer.api.schemas import (
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    CampaignList,
+    Problem,
+    StoredCampaign,
+    TooLarge,
+    described,
+    unavailable,
+)
 from warmer.api.services import ApiServices
-from warmer.core.campaigns import CampaignDraft, CampaignInvalid, UnknownCampaignAgent, campaign_json
+from warmer.core.campaigns import (
+    MAX_EXPECTED_CALLS,
+    MAX_INSTANT_SECONDS,
+    CampaignDraft,
+    CampaignInvalid,
+    UnknownCampaignAgent,
+    campaign_json,
+)
 from warmer.service.campaigns import CampaignService, CampaignsUnavailable
 
-Instant = StrictStr | StrictInt | StrictFloat
+# Checked in warmer.core.campaigns (one validator for the API and the schedule file); the schema only says
+# what it accepts, range included, so clients and generated tests see the real bounds.
+Instant = Annotated[
+    StrictStr | StrictInt | StrictFloat,
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "format": "date-time", "description": "ISO-8601 with an offset"},
+                {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": MAX_INSTANT_SECONDS,
+                    "description": "unix seconds",
+                },
+            ]
+        }
+    ),
+]
 
 
 class CampaignBody(BaseModel):
@@ -31,12 +77,8 @@ class CampaignBody(BaseModel):
         description="Window end (after starts_at): ISO-8601 with an offset, or unix seconds."
     )
     expected_calls: StrictInt = Field(
-        default=0, ge=0, description="Calls expected in the window (sizes the group)."
+        default=0, ge=0, le=MAX_EXPECTED_CALLS, description="Calls expected in the window (sizes the group)."
     )
-
-
-def _unavailable(reason: str) -> JSONResponse:
-    return JSONResponse({"error": "unavailable", "reason": reason}, 503)
 
 
 def router(services: ApiServices) -> APIRouter:
@@ -57,17 +99,23 @@ def router(services: ApiServices) -> APIRouter:
             }
         },
         responses={
-            200: {"description": "Replaced: the stored campaign"},
-            201: {"description": "Created: the stored campaign"},
-            404: {"description": "Unknown agent"},
-            422: {"description": "Bad field: {field, detail}"},
+            200: described(StoredCampaign, "Replaced: the stored campaign"),
+            201: described(StoredCampaign, "Created: the stored campaign"),
+            400: described(
+                Problem, "Body is not JSON warmer reads (syntax, nesting, numbers): {field, detail}"
+            ),
+            404: described(Problem, "Unknown agent"),
+            413: described(TooLarge, "Body over api.max_request_bytes"),
+            422: described(Problem, "Bad field: {field, detail}"),
+            **UNAUTHORIZED,
+            **UNAVAILABLE,
         },
     )
     async def put_campaign(campaign_id: str, request: Request) -> JSONResponse:
         campaigns = service()
         if campaigns is None:
-            return _unavailable("campaigns are not configured")
-        data, error = await read_json(request)
+            return unavailable("campaigns are not configured")
+        data, error = await read_json(request, services.max_request_bytes)
         if error is not None:
             return error
         try:
@@ -82,7 +130,7 @@ def router(services: ApiServices) -> APIRouter:
         except CampaignInvalid as exc:
             return invalid(exc.field, exc.message)
         except CampaignsUnavailable as exc:
-            return _unavailable(str(exc))
+            return unavailable(str(exc))
         return JSONResponse(campaign_json(stored), 201 if created else 200)
 
     @routes.delete(
@@ -90,29 +138,39 @@ def router(services: ApiServices) -> APIRouter:
         summary="Delete a campaign (its agent is released after its other reasons end)",
         dependencies=protected,
         status_code=204,
-        responses={204: {"description": "Deleted"}, 404: {"description": "No such campaign"}},
+        responses={
+            204: {"description": "Deleted"},
+            404: described(Problem, "No such campaign"),
+            **UNAUTHORIZED,
+            **UNAVAILABLE,
+        },
     )
     async def delete_campaign(campaign_id: str) -> Response:
         campaigns = service()
         if campaigns is None:
-            return _unavailable("campaigns are not configured")
+            return unavailable("campaigns are not configured")
         try:
             deleted = await campaigns.delete(campaign_id)
         except CampaignsUnavailable as exc:
-            return _unavailable(str(exc))
+            return unavailable(str(exc))
         if not deleted:
             return JSONResponse({"error": "not_found", "detail": f"no campaign {campaign_id!r}"}, 404)
         return Response(status_code=204)
 
-    @routes.get("/v1/campaigns", summary="Every stored campaign, by start time", dependencies=protected)
+    @routes.get(
+        "/v1/campaigns",
+        summary="Every stored campaign, by start time",
+        dependencies=protected,
+        responses={200: described(CampaignList, "Every stored campaign"), **UNAUTHORIZED, **UNAVAILABLE},
+    )
     async def list_campaigns() -> JSONResponse:
         campaigns = service()
         if campaigns is None:
-            return _unavailable("campaigns are not configured")
+            return unavailable("campaigns are not configured")
         try:
             found = await campaigns.list()
         except CampaignsUnavailable as exc:
-            return _unavailable(str(exc))
+            return unavailable(str(exc))
         return JSONResponse({"campaigns": [campaign_json(c) for c in found]})
 
     return routes

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from warmer.api.auth import require_token
+from warmer.api.schemas import UNAUTHORIZED, UNAVAILABLE, CapacityTable, described, unavailable
 from warmer.api.services import ApiServices
 from warmer.service.capacity import CapacityUnavailable
 
@@ -24,15 +25,19 @@ def router(services: ApiServices) -> APIRouter:
         summary="Per agent: routed boxes, prefill ceiling, budget (ceiling x safe fraction), uncached "
         "tokens/s used, headroom tokens/s and the turn-1 calls/minute it carries; per box the same",
         dependencies=protected,
-        responses={503: {"description": "The reconciler is not running yet"}},
+        responses={
+            200: described(CapacityTable, "Prefill budget per agent group and per box"),
+            **UNAUTHORIZED,
+            **UNAVAILABLE,
+        },
     )
     async def capacity() -> JSONResponse:
         if services.capacity is None:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, "capacity is not available")
+            return unavailable("capacity is not available")
         try:
             report = await services.capacity.report()
         except CapacityUnavailable as exc:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(exc)) from None
+            return unavailable(str(exc))
         return JSONResponse(
             {
                 "safe_fraction": report.safe_fraction,

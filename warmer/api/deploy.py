@@ -4,9 +4,11 @@ No bearer token: the HMAC signature over the raw body is the authentication (the
 shared secret). The body is read raw and bounded, because the signature covers the exact bytes sent.
 
 Status codes: 202 accepted; 200 `{"duplicate": true}` for an event id already received (a retry or a replay
-within the tolerance: acknowledged, nothing changes); 400 not a JSON object; 401 signature missing, forged
-or stale (a replay after the tolerance); 413 body too large; 422 invalid fields or boxes/agents the daemon
-does not have (`problems` lists field paths); 503 webhook disabled (no secret) or reconciler not running.
+within the tolerance: acknowledged, nothing changes); 400 not a JSON object warmer reads (also JSON nested
+deeper than 64 levels, a number over 40 characters, NaN/Infinity); 401 signature missing, forged or stale (a
+replay after the tolerance); 413 body over `api.webhook_max_body_bytes`; 422 invalid fields or boxes/agents
+the daemon does not have (`problems` lists field paths); 503 webhook disabled (no secret), reconciler not
+running or the database unavailable.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
 
+from warmer.api.bodies import BodyTooLarge, read_limited
+from warmer.api.schemas import DeployAnswer, described, inline_json_schema
 from warmer.api.services import ApiServices
-from warmer.config.events import EVENT_KINDS
+from warmer.config.events import DeployEvent
 from warmer.core.webhook import SIGNATURE_HEADER
 from warmer.service.deploy import DeployOutcome, DeployResult
-
-MAX_BODY_BYTES = 4 * 1024 * 1024  # a prompt spec with its reference material fits with room to spare
 
 _STATUS = {
     DeployOutcome.ACCEPTED: 202,
@@ -73,27 +76,23 @@ def router(services: ApiServices) -> APIRouter:
                 "content": {
                     "application/json": {
                         "schema": {
-                            "type": "object",
-                            "required": ["id", "kind", "occurred_at"],
-                            "properties": {
-                                "id": {"type": "string", "description": "Idempotency key"},
-                                "kind": {"type": "string", "enum": list(EVENT_KINDS)},
-                                "occurred_at": {"type": "string", "description": "RFC 3339 or unix seconds"},
-                            },
-                            "description": "agent.prompt_changed: agent_id, spec; rollout.*: box_ids; "
-                            "box.added: box; box.removed: box_id",
+                            **inline_json_schema(TypeAdapter(DeployEvent).json_schema()),
+                            "description": "One deploy event; `kind` selects its fields",
                         }
                     }
                 },
             },
         },
         responses={
-            200: {"description": "Duplicate event id: acknowledged, nothing changed"},
-            400: {"description": "Body is not a JSON object"},
-            401: {"description": "Signature missing, forged, or timestamp outside the tolerance"},
-            413: {"description": "Body too large"},
-            422: {"description": "Invalid fields, or boxes/agents the daemon does not have"},
-            503: {"description": "Webhook disabled (no secret) or reconciler not running"},
+            200: described(DeployAnswer, "Duplicate event id: acknowledged, nothing changed"),
+            202: described(DeployAnswer, "Accepted"),
+            400: described(DeployAnswer, "Body is not a JSON object warmer reads (syntax, nesting, numbers)"),
+            401: described(DeployAnswer, "Signature missing, forged, or timestamp outside the tolerance"),
+            413: described(DeployAnswer, "Body over api.webhook_max_body_bytes"),
+            422: described(DeployAnswer, "Invalid fields, or boxes/agents the daemon does not have"),
+            503: described(
+                DeployAnswer, "Webhook disabled (no secret), reconciler not running, database down"
+            ),
         },
     )
     async def deploy_event(request: Request) -> JSONResponse:
@@ -102,19 +101,11 @@ def router(services: ApiServices) -> APIRouter:
             return JSONResponse(
                 {"outcome": "disabled", "detail": "the deploy webhook is not available in this process"}, 503
             )
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-            return JSONResponse({"outcome": "too_large", "detail": f"body over {MAX_BODY_BYTES} bytes"}, 413)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_BODY_BYTES:
-                return JSONResponse(
-                    {"outcome": "too_large", "detail": f"body over {MAX_BODY_BYTES} bytes"}, 413
-                )
-            chunks.append(chunk)
-        result = await handler.handle(b"".join(chunks), request.headers.get(SIGNATURE_HEADER))
+        try:
+            body = await read_limited(request, services.webhook_max_body_bytes, "api.webhook_max_body_bytes")
+        except BodyTooLarge as exc:
+            return JSONResponse({"outcome": "too_large", "detail": str(exc)}, 413)
+        result = await handler.handle(body, request.headers.get(SIGNATURE_HEADER))
         return _answer(result)
 
     return routes

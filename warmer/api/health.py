@@ -8,20 +8,24 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from warmer.api.schemas import Health, NotReady, Ready, described
 from warmer.api.services import ApiServices
 
 
 def router(services: ApiServices) -> APIRouter:
     routes = APIRouter(tags=["health"])
 
-    @routes.get("/healthz", summary="Liveness: the process is up and serving HTTP")
+    @routes.get("/healthz", summary="Liveness: the process is up and serving HTTP", response_model=Health)
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @routes.get(
         "/readyz",
         summary="Readiness: the daemon is started and its database reachable (503 with a reason otherwise)",
-        responses={503: {"description": "Not ready; `reason` says why"}},
+        responses={
+            200: described(Ready, "Ready"),
+            503: described(NotReady, "Not ready; `reason` says why"),
+        },
     )
     async def readyz() -> JSONResponse:
         try:

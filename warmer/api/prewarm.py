@@ -1,18 +1,27 @@
 """`POST /v1/prewarm`: the dialer's pre-call ask (bearer token). Thin shell over `PrewarmService`.
 
-Errors are JSON with the field or reason: 422 {field, detail} for a bad body, 404 for an unknown agent,
+Errors are JSON with the field or reason: 400 {field: "body", detail} for a body that is not JSON warmer
+reads (syntax, nesting deeper than 64, an over-long or infinite number), 413 for a body over
+`api.max_request_bytes`, 422 {field, detail} for a bad field, 404 for an unknown agent,
 503 {reason} (with Retry-After) when no box of the agent's group can take the call now.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from warmer.api.auth import require_token
+from warmer.api.bodies import read_json
+from warmer.api.schemas import (
+    UNAUTHORIZED,
+    PrewarmAnswerBody,
+    Problem,
+    TooLarge,
+    Unavailable,
+    described,
+)
 from warmer.api.services import ApiServices
 from warmer.service.prewarm import (
     PrewarmAsk,
@@ -58,13 +67,6 @@ def first_problem(error: ValidationError) -> tuple[str, str]:
     return field, item["msg"]
 
 
-async def read_json(request: Request) -> tuple[Any, JSONResponse | None]:
-    try:
-        return await request.json(), None
-    except ValueError:
-        return None, invalid("body", "not valid JSON")
-
-
 def router(services: ApiServices) -> APIRouter:
     routes = APIRouter(tags=["dialer"])
     protected = [Depends(require_token(services))]
@@ -81,19 +83,22 @@ def router(services: ApiServices) -> APIRouter:
             }
         },
         responses={
-            200: {
-                "description": "{agent, box_id, base_url, prefix_hash, state, ready, waited_ms, detail, slot}"
-            },
-            404: {"description": "Unknown agent"},
-            422: {"description": "Bad body: {field, detail}"},
-            503: {"description": "No box can take the agent's call now: {reason}"},
+            200: described(PrewarmAnswerBody, "The box for the call and the agent's prefix state there"),
+            400: described(
+                Problem, "Body is not JSON warmer reads (syntax, nesting, numbers): {field, detail}"
+            ),
+            404: described(Problem, "Unknown agent"),
+            413: described(TooLarge, "Body over api.max_request_bytes"),
+            422: described(Problem, "Bad body: {field, detail}"),
+            503: described(Unavailable, "No box can take the agent's call now, or the database is down"),
+            **UNAUTHORIZED,
         },
     )
     async def prewarm(request: Request) -> JSONResponse:
         service = services.prewarm
         if service is None:
             return JSONResponse({"error": "unavailable", "reason": "pre-call API not configured"}, 503)
-        data, error = await read_json(request)
+        data, error = await read_json(request, services.max_request_bytes)
         if error is not None:
             return error
         try:

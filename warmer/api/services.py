@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 import warmer
+from warmer.config.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.service.campaigns import CampaignService
 from warmer.service.capacity import CapacityReport
 from warmer.service.deploy import DeployHandler
@@ -48,4 +49,6 @@ class ApiServices:
     prewarm: PrewarmService | None = None  # dialer pre-call ask (POST /v1/prewarm)
     campaigns: CampaignService | None = None  # dialer schedule (PUT/DELETE/GET /v1/campaigns)
     deploy: DeployHandler | None = None  # signed deploy webhook (POST /v1/events/deploy)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # prewarm and campaign bodies; bigger is 413
+    webhook_max_body_bytes: int = DEFAULT_WEBHOOK_MAX_BODY_BYTES  # deploy webhook bodies; bigger is 413
     capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)

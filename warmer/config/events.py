@@ -16,7 +16,6 @@ Whether box ids name registered boxes is checked against the live fleet with `un
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from datetime import datetime
 from typing import Annotated, Literal
@@ -32,6 +31,7 @@ from pydantic import (
 )
 
 from warmer.config.settings import BoxSettings, validation_problems
+from warmer.core.jsonbody import JsonBodyRejected, parse_json_body
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent
 
@@ -147,9 +147,9 @@ _ADAPTER: TypeAdapter[DeployEvent] = TypeAdapter(DeployEvent)
 def parse_deploy_event(body: bytes | str, *, box_url_policy: BoxUrlPolicy | None = None) -> DeployEvent:
     """Validate a raw webhook body; raises InvalidEvent listing (field path, message) problems."""
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidEvent([("(body)", f"not valid JSON: {exc}")]) from None
+        data = parse_json_body(body.encode() if isinstance(body, str) else body)
+    except JsonBodyRejected as exc:
+        raise InvalidEvent([("(body)", exc.reason)]) from None
     if not isinstance(data, dict):
         raise InvalidEvent([("(body)", "must be a JSON object")])
     kind = data.get("kind")

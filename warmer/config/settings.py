@@ -33,7 +33,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, ModelProfile, RetryPolicy
-from warmer.core.webhook import BoxUrlPolicy
+from warmer.core.webhook import BoxUrlPolicy, check_box_url_pattern
 
 CONFIG_ENV_VAR = "WARMER_CONFIG"
 EMBEDDED_DATABASE_FILE = "warmer.db"
@@ -110,6 +110,12 @@ class DatabaseSettings(_Section):
         return f"sqlite:///{(self.state_dir / EMBEDDED_DATABASE_FILE).absolute()}"
 
 
+# Request body limits of the API (bytes): the defaults of `api.max_request_bytes` and
+# `api.webhook_max_body_bytes`, also used by an app built without settings (tests, tools).
+DEFAULT_MAX_REQUEST_BYTES = 64 * 1024
+DEFAULT_WEBHOOK_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
 class ApiSettings(_Section):
     host: str = Field(
         default="127.0.0.1",
@@ -159,9 +165,31 @@ class ApiSettings(_Section):
     webhook_box_url_patterns: list[str] = Field(
         default_factory=list,
         description=(
-            "Shell-glob patterns a `box.added` event's base_url must match, written against the normalized "
-            "URL `scheme://host:port[/path]`, e.g. `http://10.0.3.*:30000`. Empty: events cannot add boxes, "
-            "so a webhook can never point the daemon at a URL the operator did not allow."
+            "Patterns a `box.added` event's base_url must match, written like the URL "
+            "`scheme://host[:port][/path]` with shell-glob wildcards, e.g. `http://10.0.3.*:30000`. "
+            "The URL is parsed and matched part by part (scheme, each host label, port, each path "
+            "segment), so `*` never spans a `.`, `:` or `/`, and a numeric host pattern admits only IPv4 "
+            "addresses. Empty: events cannot add boxes, so a webhook can never point the daemon at a URL "
+            "the operator did not allow."
+        ),
+    )
+
+    max_request_bytes: int = Field(
+        default=DEFAULT_MAX_REQUEST_BYTES,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description=(
+            "Largest body `POST /v1/prewarm` and `PUT /v1/campaigns/{id}` read (bytes); a bigger one is "
+            "refused with 413 before it is parsed. 64 KiB is hundreds of times a real ask or campaign."
+        ),
+    )
+    webhook_max_body_bytes: int = Field(
+        default=DEFAULT_WEBHOOK_MAX_BODY_BYTES,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description=(
+            "Largest deploy webhook body read (bytes); a bigger one is refused with 413. 4 MiB holds an "
+            "agent prompt spec with its reference material inline, with room to spare."
         ),
     )
 
@@ -170,6 +198,13 @@ class ApiSettings(_Section):
         current = [self.webhook_secret] if self.webhook_secret is not None else []
         values = [secret.get_secret_value() for secret in (*current, *self.webhook_previous_secrets)]
         return [value for value in values if value]
+
+    @field_validator("webhook_box_url_patterns")
+    @classmethod
+    def _patterns_parse(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            check_box_url_pattern(pattern)
+        return value
 
     def box_url_policy(self) -> BoxUrlPolicy:
         return BoxUrlPolicy(tuple(self.webhook_box_url_patterns))

@@ -20,6 +20,9 @@ from warmer.core.model import Campaign
 # Letters, digits and `._:-`, starting with a letter or digit: safe in a URL path, a log line and a key.
 CAMPAIGN_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_EXPECTED_CALLS = 10_000_000
+# The last second a datetime (and so an ISO-8601 answer) can hold: 9999-12-31T23:59:59Z. Anything later is
+# refused, never stored, so every stored campaign can be listed back.
+MAX_INSTANT_SECONDS = 253_402_300_799.0
 # A window shorter than a minute still counts as one minute of volume (no division blow-up).
 MIN_VOLUME_WINDOW_SECONDS = 60.0
 
@@ -54,7 +57,10 @@ def parse_instant(value: object, field: str) -> float:
     if isinstance(value, bool):
         raise CampaignInvalid(field, "expected an ISO-8601 time or unix seconds, got a boolean")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too big for a float
+            seconds = math.inf
     elif isinstance(value, datetime):  # a TOML schedule file's native datetime
         if value.tzinfo is None or value.utcoffset() is None:
             raise CampaignInvalid(field, "time needs an offset, e.g. `Z` or `+00:00`")
@@ -67,8 +73,8 @@ def parse_instant(value: object, field: str) -> float:
             seconds = _iso_seconds(text, field)
     else:
         raise CampaignInvalid(field, f"expected an ISO-8601 time or unix seconds, got {type(value).__name__}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise CampaignInvalid(field, "must be a finite time after 1970-01-01")
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_INSTANT_SECONDS:
+        raise CampaignInvalid(field, "must be a time from 1970-01-01 to 9999-12-31 (UTC)")
     return seconds
 
 
@@ -149,18 +155,27 @@ def merge_demand(*sources: Mapping[str, float]) -> dict[str, float]:
 
 
 def campaign_json(campaign: Campaign) -> dict[str, object]:
-    """The wire/file form: times as unix seconds and as ISO-8601 UTC, so both kinds of client read it."""
+    """The wire/file form: times as unix seconds and as ISO-8601 UTC, so both kinds of client read it.
+
+    Total over whatever a row holds: a value JSON or a datetime cannot carry (a row written before the
+    range checks, or by hand) comes out as null, so one bad row never breaks the listing of all of them."""
     return {
         "id": campaign.id,
         "agent": campaign.agent_id,
-        "starts_at": campaign.starts_at,
-        "ends_at": campaign.ends_at,
+        "starts_at": _finite(campaign.starts_at),
+        "ends_at": _finite(campaign.ends_at),
         "starts_at_iso": _iso(campaign.starts_at),
         "ends_at_iso": _iso(campaign.ends_at),
         "expected_calls": campaign.expected_calls,
-        "calls_per_minute": round(calls_per_minute(campaign), 3),
+        "calls_per_minute": _finite(round(calls_per_minute(campaign), 3)),
     }
 
 
-def _iso(seconds: float) -> str:
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _iso(seconds: float) -> str | None:
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_INSTANT_SECONDS:
+        return None
     return datetime.fromtimestamp(seconds, tz=UTC).isoformat().replace("+00:00", "Z")

@@ -139,6 +139,7 @@ class Observed:
     buckets: Mapping[str, TokenBucket] = field(default_factory=dict)  # missing = full
     suspect_boxes: frozenset[str] = frozenset()  # hit rate says something was evicted: probe warm prefixes
     trusted_after: float = 0.0  # records verified before this (e.g. the daemon's start) get re-probed
+    # ... and a `warming` row last written before it is an earlier daemon's, abandoned at once
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -405,7 +406,12 @@ def _plan_box(
     for prefix_hash in sorted(current):
         held = current[prefix_hash]
         if held.state is WarmState.WARMING:
-            if prefix_hash not in busy and now - held.updated_at >= config.warming_timeout_seconds:
+            if prefix_hash not in busy and held.updated_at < observed.trusted_after:
+                # an earlier daemon's warm: no task of this process will ever finish it
+                bookkeeping.append(
+                    AbandonWarm(box_id, epoch, prefix_hash, "left warming by an earlier daemon")
+                )
+            elif prefix_hash not in busy and now - held.updated_at >= config.warming_timeout_seconds:
                 bookkeeping.append(AbandonWarm(box_id, epoch, prefix_hash, "warm in flight was lost"))
         elif prefix_hash not in wants and held.state in (WarmState.WARM, WarmState.STALE):
             bookkeeping.append(Retire(box_id, epoch, prefix_hash, "not kept warm here: idle or moved"))

@@ -176,12 +176,83 @@ def normalize_box_url(url: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class _UrlPattern:
+    """One allowlist pattern split into the parts of a normalized URL; each part is matched on its own."""
+
+    scheme: str
+    host_labels: tuple[str, ...]  # dot-separated; `*` stays inside one label
+    numeric_host: bool  # every literal label is digits (`10.0.3.*`): only an IPv4 address may match
+    port: str
+    path_segments: tuple[str, ...]  # slash-separated; `*` stays inside one segment
+
+    @classmethod
+    def parse(cls, pattern: str) -> _UrlPattern:
+        scheme, sep, rest = pattern.strip().partition("://")
+        if not sep or not scheme:
+            raise ValueError(f"pattern {pattern!r} needs scheme://host[:port][/path]")
+        authority, slash, path = rest.partition("/")
+        if authority.startswith("["):  # IPv6 literal: [addr]:port
+            host, _, after = authority.partition("]")
+            host += "]"
+            port = after.removeprefix(":")
+        else:
+            host, _, port = authority.partition(":")
+        if not host:
+            raise ValueError(f"pattern {pattern!r} has no host")
+        port = port or ("443" if scheme == "https" else "80")
+        # an IPv6 literal is one part, matched without its brackets (which a glob would read as a set)
+        labels = (host[1:-1].lower(),) if host.startswith("[") else tuple(host.lower().split("."))
+        numeric = all(label.isdigit() for label in labels if not _is_glob(label)) and any(
+            _is_glob(label) for label in labels
+        )
+        segments = tuple(path.rstrip("/").split("/")) if slash and path.rstrip("/") else ()
+        return cls(scheme.lower(), labels, numeric, port, segments)
+
+    def matches(self, normalized: str) -> bool:
+        parts = urlsplit(normalized)
+        host = parts.hostname or ""
+        if not fnmatch.fnmatchcase(parts.scheme, self.scheme):
+            return False
+        if not fnmatch.fnmatchcase(str(parts.port), self.port):
+            return False
+        if self.numeric_host:
+            try:
+                if ipaddress.ip_address(host).version != 4:
+                    return False
+            except ValueError:
+                return False
+        labels = (host,) if ":" in host else tuple(host.split("."))
+        if not _segments_match(labels, self.host_labels):
+            return False
+        path = parts.path.rstrip("/")
+        segments = tuple(path.split("/")[1:]) if path else ()
+        return _segments_match(segments, self.path_segments)
+
+
+def _is_glob(text: str) -> bool:
+    return any(char in text for char in "*?[")
+
+
+def _segments_match(parts: Sequence[str], patterns: Sequence[str]) -> bool:
+    """Same number of parts, each matching its glob: a wildcard never spans a `.` of the host or a `/`."""
+    if len(parts) != len(patterns):
+        return False
+    return all(fnmatch.fnmatchcase(part, pattern) for part, pattern in zip(parts, patterns, strict=True))
+
+
+@dataclass(frozen=True, slots=True)
 class BoxUrlPolicy:
     """Which base URLs a `box.added` event may register (from settings); empty allows none.
 
-    Patterns are shell globs (fnmatch, case-sensitive) matched against the normalized URL, e.g.
-    ``http://10.0.3.*:30000`` or ``http://*.gpu.internal:8000``. An event can only make the daemon
-    call URLs an operator listed here; anything else is rejected with the field named.
+    Patterns are written like a normalized URL, ``scheme://host[:port][/path]``, with shell-glob wildcards
+    (``*``, ``?``, ``[...]``), e.g. ``http://10.0.3.*:30000`` or ``http://*.gpu.internal:8000``. The URL is
+    parsed and each part is matched on its own: the scheme, each dot-separated host label, the port, each
+    slash-separated path segment. So a wildcard never reaches across a `.` of the host, the `:` before the
+    port or a `/` (``http://*.gpu.internal:18093`` does not admit ``http://127.0.0.1:9/.gpu.internal:18093``),
+    and a host pattern of numbers and wildcards (``10.0.3.*``) admits only IPv4 addresses, never a DNS name
+    such as ``10.0.3.evil.example``. A pattern without a port means the scheme's default port.
+    An event can only make the daemon call URLs an operator listed here; anything else is rejected with the
+    field named.
     """
 
     patterns: tuple[str, ...] = ()
@@ -194,6 +265,16 @@ class BoxUrlPolicy:
             return str(exc)
         if not self.patterns:
             return "no box URL patterns are configured, so events cannot add boxes"
-        if any(fnmatch.fnmatchcase(normalized, pattern) for pattern in self.patterns):
-            return None
+        for pattern in self.patterns:
+            try:
+                parsed = _UrlPattern.parse(pattern)
+            except ValueError:
+                continue  # settings validation reports a malformed pattern; here it admits nothing
+            if parsed.matches(normalized):
+                return None
         return f"{normalized} matches none of the allowed box URL patterns"
+
+
+def check_box_url_pattern(pattern: str) -> None:
+    """ValueError naming what is wrong with an allowlist pattern (for settings validation)."""
+    _UrlPattern.parse(pattern)

@@ -22,6 +22,7 @@ import warmer
 from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.store import SqlStore, current_revision, head_revision, upgrade_database
 from warmer.adapters.store.engine import create_store_engine
+from warmer.adapters.store.filelock import SqliteFileLock, sqlite_database_file
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.api.observe import RequestMetricsMiddleware
 from warmer.config.settings import Settings
@@ -73,6 +74,9 @@ class ManagedStore(StorePort, Protocol):
 
 StoreFactory = Callable[[Settings], ManagedStore]
 DatabasePreparer = Callable[[Settings], None]
+# Takes this daemon's exclusive hold on its database, if it needs one (a SQLite file does); raises when
+# another process holds it. Returns what to release at exit.
+DatabaseLocker = Callable[[Settings], SqliteFileLock | None]
 
 
 class DatabaseNotMigrated(WarmerError):
@@ -96,6 +100,17 @@ def upgrade_schema(settings: Settings) -> str:
         settings.database.state_dir.mkdir(parents=True, exist_ok=True)
     upgrade_database(settings.database_url())
     return head_revision()
+
+
+def lock_sqlite_file(settings: Settings) -> SqliteFileLock | None:
+    """Before anything touches a SQLite database file: hold its lock, or refuse to start (DatabaseInUse
+    names the file). A server database is shared by replicas and needs none."""
+    database = sqlite_database_file(settings.database_url())
+    if database is None:
+        return None
+    lock = SqliteFileLock(database)
+    lock.acquire()
+    return lock
 
 
 def prepare_database(settings: Settings) -> None:
@@ -134,6 +149,7 @@ class Daemon:
         metrics: Metrics,
         store_factory: StoreFactory,
         prepare: DatabasePreparer,
+        lock: DatabaseLocker = lock_sqlite_file,
     ) -> None:
         self.settings = settings
         self.profiles = profiles
@@ -143,6 +159,8 @@ class Daemon:
         self.metrics = metrics
         self._store_factory = store_factory
         self._prepare = prepare
+        self._lock_database = lock
+        self._database_lock: SqliteFileLock | None = None  # held from start-up to exit
         self._store: ManagedStore | None = None
         self._server: uvicorn.Server | None = None
         self._log = get_logger(__name__)
@@ -184,6 +202,8 @@ class Daemon:
                     clock=SystemClock(),
                     on_fleet_change=self._fleet_changed,
                 ),
+                max_request_bytes=settings.api.max_request_bytes,
+                webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
                 capacity=self.capacity if self.boxes else None,
             )
         )
@@ -317,6 +337,11 @@ class Daemon:
             return Readiness(False, f"database unreachable: {type(exc).__name__}")
         return Readiness(True)
 
+    def _release_database(self) -> None:
+        lock, self._database_lock = self._database_lock, None
+        if lock is not None:
+            lock.release()
+
     async def _serve_api(self, stopping: asyncio.Event) -> None:
         api = self.settings.api
         config = uvicorn.Config(
@@ -352,18 +377,21 @@ class Daemon:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop_during_startup.set)
         try:
+            self._database_lock = self._lock_database(self.settings)
             preparing = asyncio.create_task(asyncio.to_thread(self._prepare, self.settings))
             stop_asked = asyncio.create_task(stop_during_startup.wait())
             await asyncio.wait({preparing, stop_asked}, return_when=asyncio.FIRST_COMPLETED)
             stop_asked.cancel()
             if not preparing.done():
                 self._log.info("stopped during start-up")
+                self._release_database()
                 await self.http.aclose()
                 return 0
             preparing.result()
             self._store = self._store_factory(self.settings)
         except Exception as exc:
             self._log.error("startup failed", error=f"{type(exc).__name__}: {exc}")
+            self._release_database()
             await self.http.aclose()
             return 1
         finally:
@@ -387,6 +415,7 @@ class Daemon:
             self.metrics.ready.set(0)
             store, self._store = self._store, None
             await store.close()
+            self._release_database()
             await self.http.aclose()
         self._log.info("warmer stopped", exit_code=code, reason=self.supervisor.stop_reason)
         return code
@@ -431,6 +460,7 @@ def build(
     agents: Mapping[str, AgentSpec] | None = None,
     store_factory: StoreFactory = open_sql_store,
     prepare: DatabasePreparer = prepare_database,
+    lock: DatabaseLocker = lock_sqlite_file,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> Daemon:
     """Wire a daemon from settings. Nothing starts until `Daemon.run()`."""
@@ -451,4 +481,5 @@ def build(
         metrics=Metrics(),
         store_factory=store_factory,
         prepare=prepare,
+        lock=lock,
     )

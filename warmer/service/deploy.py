@@ -8,7 +8,8 @@ Order of checks, and why:
    and nothing is written to the database for an unauthenticated request (it cannot grow the database);
 3. payload shape (`warmer.config.events`, and the agent spec for a prompt change) -> MALFORMED (not JSON) /
    INVALID (field paths); `box.added` must pass the operator's URL allowlist here;
-4. the reconciler must be running -> UNAVAILABLE (the sender retries; its id is not consumed);
+4. the reconciler must be running -> UNAVAILABLE (the sender retries; its id is not consumed); a database
+   that does not answer at any later step is UNAVAILABLE too (503 with the reason, never a 500);
 5. idempotency: the event id is remembered atomically in the store; a repeat (a retry, or a replay within
    the tolerance) is acknowledged as DUPLICATE and changes nothing;
 6. checks against the live fleet (unknown box ids, unknown agent or model) -> INVALID. The id is consumed
@@ -45,7 +46,7 @@ from warmer.config.events import (
     unknown_box_ids,
 )
 from warmer.core.agents import AgentSpec
-from warmer.core.errors import ConfigError, WarmerError
+from warmer.core.errors import ConfigError, StoreError, WarmerError
 from warmer.core.model import BoxSpec, LoggedEvent
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent, SignatureOutcome, verify_signature
 from warmer.ports import Clock, StorePort
@@ -111,6 +112,12 @@ class WebhookConfig:
     tolerance_seconds: float = 300.0
     box_url_policy: BoxUrlPolicy = field(default_factory=BoxUrlPolicy)
     default_slots: int = 1  # slots of a `box.added` box that does not say
+
+
+def _first_line(exc: Exception) -> str:
+    """What failed, without the SQL statement and parameters a database error carries on later lines."""
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
 def rollout_epoch_tag(event_id: str) -> str:
@@ -186,6 +193,17 @@ class DeployService:
             return DeployResult(
                 DeployOutcome.UNAVAILABLE, "the reconciler is not running; retry", event.id, event.kind
             )
+        try:
+            return await self._remember_and_apply(body, event, spec, control, store)
+        except StoreError as exc:  # the database blinked: nothing may be half-done silently, so say retry
+            return DeployResult(
+                DeployOutcome.UNAVAILABLE, f"{_first_line(exc)}; retry later", event.id, event.kind
+            )
+
+    async def _remember_and_apply(
+        self, body: bytes, event: DeployEvent, spec: AgentSpec | None, control: FleetControl, store: StorePort
+    ) -> DeployResult:
+        """Steps 5-7 under the lock: remember the id, check against the live fleet, apply, log."""
         async with self._lock:
             now = self._clock.now()
             digest = hashlib.sha256(body).hexdigest()
@@ -200,6 +218,8 @@ class DeployService:
             if not problems:
                 try:
                     detail = await self._apply(event, spec, control, store, now)
+                except StoreError:
+                    raise  # the database, not the event: answered as unavailable
                 except WarmerError as exc:  # the fleet changed between the checks and the act
                     problems = exc.problems if isinstance(exc, ConfigError) else [("(event)", str(exc))]
             if problems:
