@@ -466,6 +466,17 @@ async def wait_for_routes(
     return time.monotonic() - started, False
 
 
+def rollout_span(
+    restarts: Sequence[Mapping[str, Any]], windows: Mapping[str, Sequence[tuple[float, float]]] | None
+) -> tuple[float, float] | None:
+    """The rolling restart as one deploy: from its first box restart until the last restarted box is shown
+    ready on its new epoch (its agents warm there again; stand-in warms on the other boxes lie inside)."""
+    if not restarts or not windows:
+        return None
+    ends = [end for spans in windows.values() for _, end in spans]
+    return min(float(r["started_s"]) for r in restarts), max(ends)
+
+
 # -- one policy run ---------------------------------------------------------------------------------------
 
 
@@ -899,7 +910,14 @@ async def calibrate(config: RunConfig, agents: Agents, samples_per_agent: int = 
 
 def figures_of(run: PolicyRun, setting: str, limit: float | None) -> PolicyFigures:
     figures = policy_figures(
-        run.policy, setting, run.calls, run.scrapes, run.restart_at_s, limit, run.warmup_windows
+        run.policy,
+        setting,
+        run.calls,
+        run.scrapes,
+        run.restart_at_s,
+        limit,
+        run.warmup_windows,
+        rollout_span(run.restarts, run.warmup_windows),
     )
     figures.extra = {"pre_traffic": run.pre_traffic, "traffic_seconds": round(run.traffic_seconds, 1)}
     return figures

@@ -200,6 +200,10 @@ class PolicyFigures:
     warm_in_restart_warmups: float | None
     warm_outside_restart_warmups: float | None
     warm_share_outside_restart_warmups: float | None
+    # the whole rolling restart as one deploy: from its first restart until every agent is routed again,
+    # stand-in warms on other boxes and the handing back included
+    warm_outside_rollout: float | None
+    warm_share_outside_rollout: float | None
     prefill_per_box: dict[str, float]
     failures: int
     calls_failed: int
@@ -220,8 +224,10 @@ def policy_figures(
     restart_at_s: float | None,
     limit_s: float | None,
     warmup_windows: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+    rollout: tuple[float, float] | None = None,
 ) -> PolicyFigures:
-    """Every figure of one policy's run, from its records alone."""
+    """Every figure of one policy's run, from its records alone. `rollout`: (first restart, every agent
+    routed again after the last), counted as one restart warm-up on every box."""
     served = [c for c in calls if c.turn1 is not None]
     window = None if restart_at_s is None else (restart_at_s, restart_at_s + AFTER_RESTART_S)
     ttfts = [c.turn1.ttft_s for c in served if c.turn1 is not None and c.turn1.ttft_s is not None]
@@ -239,6 +245,11 @@ def policy_figures(
     own = calls_processed(calls)
     warm = engine_total - own
     split = warm_split(scrapes, calls, warmup_windows) if warmup_windows is not None else None
+    rollout_split = None
+    if warmup_windows is not None and rollout is not None:
+        boxes = {s.box_id for s in scrapes} | set(warmup_windows)
+        widened = {box: [*warmup_windows.get(box, ()), rollout] for box in boxes}
+        rollout_split = warm_split(scrapes, calls, widened)
     honest, ready_count = honesty(calls)
     setups = [c.setup_s for c in calls if c.setup_s is not None]
     return PolicyFigures(
@@ -266,6 +277,10 @@ def policy_figures(
         warm_outside_restart_warmups=None if split is None else split[1],
         warm_share_outside_restart_warmups=(
             None if split is None or engine_total <= 0 else split[1] / engine_total
+        ),
+        warm_outside_rollout=None if rollout_split is None else rollout_split[1],
+        warm_share_outside_rollout=(
+            None if rollout_split is None or engine_total <= 0 else rollout_split[1] / engine_total
         ),
         prefill_per_box=dict(sorted(per_box.items())),
         failures=sum(c.failures for c in calls),
@@ -303,6 +318,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("turn-1 TTFT p50", "ttft_p50_s", "s"),
     ("warm traffic share of all prefill", "warm_share", "share"),
     ("warm share outside restart warm-ups", "warm_share_outside_restart_warmups", "share"),
+    ("warm share outside the rolling restart", "warm_share_outside_rollout", "share"),
     ("all prefill (uncached tokens, engines)", "engine_prefill_tokens", "tokens"),
     ("warm prefill (engines minus calls)", "warm_prefill_tokens", "tokens"),
     ("ready answers true (≥ 99% of prefix cached)", "honesty", "share"),

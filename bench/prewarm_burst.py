@@ -178,6 +178,9 @@ class NaiveBackend:
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return None
 
+    async def recheck(self, box_id: str) -> None:
+        return None
+
 
 async def ready() -> Readiness:
     return Readiness(True)

@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from bench.fleet import LOGIT_BIAS, Agents, build_agents, prompt_counters, turn_prompt, warmup_windows
+from bench.fleet import (
+    LOGIT_BIAS,
+    Agents,
+    build_agents,
+    prompt_counters,
+    rollout_span,
+    turn_prompt,
+    warmup_windows,
+)
 from bench.fleet_figures import (
     AskRecord,
     CallRecord,
@@ -241,6 +249,25 @@ def test_warmup_windows_end_when_warmer_shows_the_box_ready_on_a_new_epoch() -> 
         {"box_id": "b1", "started_s": 20.0, "finished_s": 21.0},
     ]
     assert warmup_windows(timeline, restarts, 99.0) == {"b0": [(10.0, 18.0)], "b1": [(20.0, 99.0)]}
+
+
+def test_the_rolling_restart_counts_as_one_warm_up_on_every_box() -> None:
+    """Stand-in warms on a box that did not restart lie outside its own warm-up window but inside the
+    rollout: the rollout figure counts them as restart traffic, the per-box figure does not."""
+    restarts = [{"box_id": "b0", "started_s": 10.0}, {"box_id": "b1", "started_s": 30.0}]
+    windows = {"b0": [(10.0, 18.0)], "b1": [(30.0, 41.0)]}
+    assert rollout_span(restarts, windows) == (10.0, 41.0)
+    assert rollout_span([], windows) is None
+    scrapes = [
+        Scrape(0.0, "b2", 0, 0.0, 0.0),
+        Scrape(20.0, "b2", 0, 3000.0, 0.0),
+        Scrape(60.0, "b2", 0, 3100.0, 0.0),
+    ]
+    calls = [call(50.0, [turn(1, 1000, 900, finished=55.0, box="b2")])]  # 100 own in (20, 60]
+    per_box = warm_split(scrapes, calls, windows) or (None, None)
+    assert per_box == (0.0, 3000.0)  # b2 never restarted: its stand-in warm counts as outside
+    widened = {box: [*windows.get(box, ()), (10.0, 41.0)] for box in ("b0", "b1", "b2")}
+    assert warm_split(scrapes, calls, widened) == (3000.0, 0.0)
 
 
 def test_policy_figures_and_table_from_records() -> None:

@@ -56,6 +56,7 @@ class FakeBackend:
     clock: FakeClock | None = None
     takes_seconds: float = 0.0
     slots: dict[str, int] = field(default_factory=dict)
+    rechecked: list[str] = field(default_factory=list)
 
     def knows(self, agent_id: str) -> bool:
         return agent_id == "sales"
@@ -74,6 +75,9 @@ class FakeBackend:
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return self.slots.get(box_id)
+
+    async def recheck(self, box_id: str) -> None:
+        self.rechecked.append(box_id)
 
 
 def run(ask: Coroutine[Any, Any, PrewarmAnswer]) -> PrewarmAnswer:
@@ -156,7 +160,8 @@ def test_routed_answer_picks_by_weight_and_reports_warm_and_ready() -> None:
     again = run(service.prewarm(PrewarmAsk("sales", call_id="c3")))
     assert again.box_id == answers[3].box_id  # a retry of one call gets the same box
     assert answers[0].base_url == backend.boxes[answers[0].box_id].base_url
-    assert service.observed_demand() == {"sales": 41.0}
+    assert service.observed_demand() == {"sales": 40.0}  # the retry is not a new call
+    assert backend.rechecked == [answers[3].box_id]  # but the box it had is looked at again first
 
 
 def test_not_yet_warm_states_and_the_wait_cap() -> None:

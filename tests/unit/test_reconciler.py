@@ -586,3 +586,23 @@ def test_on_pinnable_slots_each_prefix_gets_a_slot_of_its_own_and_keeps_it(store
         assert {agent: w.reconciler.prefix_slot(agent, "b1") for agent in ("a1", "a2")} == pinned
 
     asyncio.run(scenario())
+
+
+def test_a_recheck_between_polls_takes_a_restarted_box_out_of_the_routes_at_once(store_url: str) -> None:
+    """A retried pre-call ask rechecks the box it was given: a restart quicker than a poll interval is a
+    new epoch before the answer, so the cold new process is not answered as the warm old one."""
+
+    async def scenario() -> None:
+        w = world(store_url, ("b1", "b2"), min_group=1)
+        await settle(w.reconciler)
+        (home,) = route_boxes(w.reconciler, "sales")
+        await w.reconciler.recheck_box(home)  # nothing changed
+        assert route_boxes(w.reconciler, "sales") == [home]
+        w.engine.restart(home)  # healthy again before any poll saw it down
+        assert route_boxes(w.reconciler, "sales") == [home]  # the loop has not looked yet
+        await w.reconciler.recheck_box(home)
+        assert route_boxes(w.reconciler, "sales") == []  # no tick in between
+        await settle(w.reconciler)
+        assert route_boxes(w.reconciler, "sales")  # and it is served warm again after a pass
+
+    asyncio.run(scenario())

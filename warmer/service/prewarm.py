@@ -104,6 +104,10 @@ class PrewarmBackend(Protocol):
         """The engine slot holding the agent's prefix on the box, where slots are pinned (llama.cpp)."""
         ...
 
+    async def recheck(self, box_id: str) -> None:
+        """Look at the box's health and epoch now, before answering (a retried call met trouble there)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PrewarmAsk:
@@ -319,7 +323,11 @@ class PrewarmService:
             raise PrewarmInvalid("expected_calls", "must be >= 0")
         if not self._backend.knows(ask.agent_id):
             raise UnknownPrewarmAgent(ask.agent_id)
-        self.meter.add(ask.agent_id, 1 if ask.expected_calls is None else ask.expected_calls)
+        retried = self.ledger.box_of(ask.call_id) if ask.call_id is not None else None
+        if retried is not None:
+            await self._backend.recheck(retried)  # the caller is back for a call it was already given
+        else:
+            self.meter.add(ask.agent_id, 1 if ask.expected_calls is None else ask.expected_calls)
         wait = min(ask.wait_seconds, self.max_wait_seconds)
         started = self._clock.monotonic()
         answer = await self._backend.ensure_warm(ask.agent_id, wait)
@@ -380,3 +388,6 @@ class ReconcilerBackend:
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return self._running().prefix_slot(agent_id, box_id)
+
+    async def recheck(self, box_id: str) -> None:
+        await self._running().recheck_box(box_id)

@@ -329,19 +329,39 @@ class Reconciler:
 
         async def poll(box: BoxSpec) -> tuple[bool, str | None, str | None]:
             async with limit:
-                try:
-                    if not await self._engine.health(box):
-                        return False, None, "health check failed"
-                    epoch = await self._engine.epoch(box)
-                    tag = self._epoch_tags.get(box.id)
-                    return True, (epoch if tag is None else f"{epoch}~{tag}"), None
-                except WarmerError as exc:
-                    return False, None, str(exc)
+                return await self._poll(box)
 
         boxes = list(self._boxes.values())
         results = await asyncio.gather(*(poll(box) for box in boxes))
         for box, (healthy, epoch, error) in zip(boxes, results, strict=True):
             await self._apply_health(box, healthy, epoch, error, now)
+
+    async def _poll(self, box: BoxSpec) -> tuple[bool, str | None, str | None]:
+        """(healthy, epoch, why not) of one box, as its engine answers now."""
+        try:
+            if not await self._engine.health(box):
+                return False, None, "health check failed"
+            epoch = await self._engine.epoch(box)
+            tag = self._epoch_tags.get(box.id)
+            return True, (epoch if tag is None else f"{epoch}~{tag}"), None
+        except WarmerError as exc:
+            return False, None, str(exc)
+
+    async def recheck_box(self, box_id: str) -> None:
+        """Look at one box now, between polls: a caller retrying a call it was given this box for has met
+        trouble there (a restart is over sooner than a poll interval), so a new process must not be
+        answered as the warm old one. A changed epoch or a box down leaves the routes before the answer."""
+        box = self._boxes.get(box_id)
+        if box is None:
+            return
+        healthy, epoch, error = await self._poll(box)
+        live = self._live.get(box_id)
+        if live is not None and healthy == live.healthy and epoch == live.epoch:
+            return  # nothing changed: no pass needed
+        async with self._fleet_lock:
+            await self._apply_health(box, healthy, epoch, error, self._clock.now())
+        self._notify_changed()
+        self.poke()
 
     async def _apply_health(
         self, box: BoxSpec, healthy: bool, epoch: str | None, error: str | None, now: float
