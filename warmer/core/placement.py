@@ -240,6 +240,52 @@ def _index_boxes(
     return by_model, seen
 
 
+class _Fill:
+    """What a placement in progress has given each box: agents, distinct prefixes and their tokens."""
+
+    def __init__(self, spec: Mapping[str, BoxSpec], config: PlacementConfig, dedicated: frozenset[str]):
+        self._spec = spec
+        self._cap = config.max_agents_per_box
+        self._dedicated = dedicated
+        self._agents: dict[str, int] = {}
+        self._tokens: dict[str, int] = {}
+        self._prefixes: dict[str, set[str]] = {}
+        self._exclusive: set[str] = set()
+        self.chosen: dict[str, list[str]] = {}
+
+    def fits(self, agent: AgentDemand, box_id: str) -> bool:
+        if box_id in self.chosen.get(agent.agent_id, ()):
+            return False
+        count = self._agents.get(box_id, 0)
+        if box_id in self._exclusive or count >= self._cap or (agent.agent_id in self._dedicated and count):
+            return False
+        holds = self._prefixes.get(box_id)
+        if holds is not None and (agent.prefix_hash or f"agent:{agent.agent_id}") in holds:
+            return True  # the prefix is held here already: another agent sharing it costs no cache
+        box = self._spec[box_id]
+        if box.prefix_capacity is not None and len(holds or ()) >= box.prefix_capacity:
+            return False
+        capacity = box.cache_capacity_tokens
+        return capacity is None or self._tokens.get(box_id, 0) + agent.prefix_tokens <= capacity
+
+    def take(self, agent: AgentDemand, box_id: str) -> int:
+        """Give the box to the agent; returns how many boxes the agent has now."""
+        chosen = self.chosen.setdefault(agent.agent_id, [])
+        chosen.append(box_id)
+        self._agents[box_id] = self._agents.get(box_id, 0) + 1
+        holds = self._prefixes.setdefault(box_id, set())
+        prefix_key = agent.prefix_hash or f"agent:{agent.agent_id}"
+        if prefix_key not in holds:
+            holds.add(prefix_key)
+            self._tokens[box_id] = self._tokens.get(box_id, 0) + agent.prefix_tokens
+        if agent.agent_id in self._dedicated:
+            self._exclusive.add(box_id)
+        return len(chosen)
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        return {agent_id: tuple(chosen) for agent_id, chosen in self.chosen.items() if chosen}
+
+
 def place(
     boxes: Sequence[BoxSpec],
     agents: Sequence[AgentDemand],
@@ -284,38 +330,6 @@ def place(
             seeds[agent.agent_id],
         )
 
-    agent_count: dict[str, int] = {}
-    tokens_used: dict[str, int] = {}
-    prefixes_on: dict[str, set[str]] = {}
-    exclusive: set[str] = set()
-    chosen_by_agent: dict[str, list[str]] = {}
-    rankings: dict[str, Iterator[str]] = {}
-    cap = config.max_agents_per_box
-
-    def fits(agent: AgentDemand, box_id: str, is_dedicated: bool) -> bool:
-        count = agent_count.get(box_id, 0)
-        if box_id in exclusive or count >= cap or (is_dedicated and count > 0):
-            return False
-        holds = prefixes_on.get(box_id)
-        if holds is not None and (agent.prefix_hash or f"agent:{agent.agent_id}") in holds:
-            return True  # the prefix is held here already: another agent sharing it costs no cache
-        box = spec[box_id]
-        if box.prefix_capacity is not None and len(holds or ()) >= box.prefix_capacity:
-            return False
-        capacity = box.cache_capacity_tokens
-        return capacity is None or tokens_used.get(box_id, 0) + agent.prefix_tokens <= capacity
-
-    def take(agent: AgentDemand, box_id: str, is_dedicated: bool) -> None:
-        chosen_by_agent.setdefault(agent.agent_id, []).append(box_id)
-        agent_count[box_id] = agent_count.get(box_id, 0) + 1
-        holds = prefixes_on.setdefault(box_id, set())
-        prefix_key = agent.prefix_hash or f"agent:{agent.agent_id}"
-        if prefix_key not in holds:
-            holds.add(prefix_key)
-            tokens_used[box_id] = tokens_used.get(box_id, 0) + agent.prefix_tokens
-        if is_dedicated:
-            exclusive.add(box_id)
-
     ordered = sorted(agents, key=priority)
     unplaced: dict[str, UnplacedReason] = {}
     incumbents: dict[str, list[str]] = {}
@@ -328,59 +342,65 @@ def place(
             for box_id in (previous or {}).get(agent.agent_id, ())
             if box_id in spec and spec[box_id].model == agent.model and (allowed is None or box_id in allowed)
         ]
-        rankings[agent.agent_id] = _excluding(
+
+    def ranking(agent: AgentDemand) -> Iterator[str]:
+        """The agent's ranking without the boxes it has now (those are tried first, separately)."""
+        return _excluding(
             incumbents[agent.agent_id],
             by_model[agent.model].ranking(seeds[agent.agent_id], wanted[agent.agent_id]),
         )
 
-    def cover(agent: AgentDemand, candidates: Iterator[str] | list[str]) -> None:
-        is_dedicated = agent.agent_id in dedicated
-        first_pass = wanted[agent.agent_id] if is_dedicated else 1  # dedicated agents (first) take all
-        for box_id in candidates:
-            if fits(agent, box_id, is_dedicated):
-                take(agent, box_id, is_dedicated)
-                if len(chosen_by_agent[agent.agent_id]) >= first_pass:
-                    return
+    placeable = [agent for agent in ordered if agent.agent_id in incumbents]
+    # Where every agent fits with its whole group (caps do not bind: the usual case at fleet scale), one
+    # pass in priority order is the answer, each agent's boxes it has first.
+    fill = _Fill(spec, config, dedicated)
+    for agent in placeable:
+        need = wanted[agent.agent_id]
+        for box_id in _chain(incumbents[agent.agent_id], ranking(agent)):
+            if fill.fits(agent, box_id) and fill.take(agent, box_id) == need:
+                break
+        if not fill.chosen.get(agent.agent_id):
+            break
+    else:
+        return Placement(groups=fill.groups(), wanted=wanted, unplaced=unplaced, dedicated=dedicated)
 
-    # Coverage first: every agent gets one box before any agent gets its spill room, so a fleet short of
-    # cache serves every agent warm somewhere instead of a few agents twice and the rest nowhere. An agent
-    # that has boxes keeps one if it still fits; one pushed out of its boxes by a busier agent waits until
-    # every agent has kept what it could, so displacement does not cascade through the fleet.
+    # Caps bind: coverage first. Every agent gets one box before any agent gets its spill room, so a fleet
+    # short of cache serves every agent warm somewhere instead of a few agents twice and the rest nowhere.
+    # An agent that has boxes keeps one if it still fits; one pushed out of its boxes by a busier agent
+    # waits until every agent has kept what it could, so displacement does not cascade through the fleet.
+    fill = _Fill(spec, config, dedicated)
+    rankings = {agent.agent_id: ranking(agent) for agent in placeable}
+
+    def cover(agent: AgentDemand, candidates: Iterator[str] | list[str]) -> None:
+        first_pass = wanted[agent.agent_id] if agent.agent_id in dedicated else 1  # dedicated take all
+        for box_id in candidates:
+            if fill.fits(agent, box_id) and fill.take(agent, box_id) >= first_pass:
+                return
+
     pushed_out: list[AgentDemand] = []
-    for agent in ordered:
-        if agent.agent_id not in incumbents:
-            continue
+    for agent in placeable:
         if incumbents[agent.agent_id]:
             cover(agent, incumbents[agent.agent_id])
-            if agent.agent_id not in chosen_by_agent:
+            if agent.agent_id not in fill.chosen:
                 pushed_out.append(agent)
         else:
             cover(agent, rankings[agent.agent_id])
     for agent in pushed_out:
         cover(agent, rankings[agent.agent_id])
-    for agent in ordered:
-        if agent.agent_id in incumbents and agent.agent_id not in chosen_by_agent:
-            unplaced[agent.agent_id] = UnplacedReason.CAPACITY
-        elif agent.agent_id in incumbents:
-            # spill room comes from the rest of the agent's boxes first, then its ranking
-            rankings[agent.agent_id] = _chain(incumbents[agent.agent_id], rankings[agent.agent_id])
-    # Then spill room, busiest first, further down each agent's own ranking (boxes skipped above were full
-    # then and are fuller now, so the ranking continues where it stopped).
-    for agent in ordered:
-        chosen = chosen_by_agent.get(agent.agent_id)
+    # Then spill room, busiest first: the rest of the agent's boxes, then further down its ranking (boxes
+    # skipped above were full then and are fuller now, so the ranking continues where it stopped).
+    for agent in placeable:
+        chosen = fill.chosen.get(agent.agent_id)
         if not chosen:
+            unplaced[agent.agent_id] = UnplacedReason.CAPACITY
             continue
-        is_dedicated = agent.agent_id in dedicated
         need = wanted[agent.agent_id]
-        if len(chosen) >= need:
-            continue
-        for box_id in rankings[agent.agent_id]:
-            if box_id not in chosen and fits(agent, box_id, is_dedicated):
-                take(agent, box_id, is_dedicated)
-                if len(chosen) == need:
-                    break
-    groups = {agent_id: tuple(chosen) for agent_id, chosen in chosen_by_agent.items()}
-    return Placement(groups=groups, wanted=wanted, unplaced=unplaced, dedicated=dedicated)
+        for box_id in _chain(incumbents[agent.agent_id], rankings[agent.agent_id]):
+            if len(chosen) >= need:
+                break
+            if box_id not in chosen and fill.fits(agent, box_id):
+                fill.take(agent, box_id)
+    return Placement(groups=fill.groups(), wanted=wanted, unplaced=unplaced, dedicated=dedicated)
 
 
 def _excluding(incumbents: Sequence[str], ranking: Iterator[str]) -> Iterator[str]:
