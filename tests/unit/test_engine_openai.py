@@ -228,4 +228,4 @@ def test_probe_with_fewer_prompt_tokens_than_the_prefix_is_not_verified() -> Non
     outcome = run(WarmExecutor(engine(script), StepClock()).probe(BOX, profile, PREFIX))
     assert not outcome.verified
     assert outcome.reason is not None
-    assert "disagree" in outcome.reason
+    assert "counted 50 prompt tokens, fewer than the 200-token prefix sent" in outcome.reason

@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
+from collections.abc import Callable
+from typing import TypeVar
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
+from sqlalchemy.orm import Session
 
 from tests.unit.reconciler_fakes import (
     PREFIX_TOKENS,
@@ -36,6 +39,8 @@ from warmer.root.metrics import ReconcileMetrics
 from warmer.service.reconcile_types import UnknownAgent
 from warmer.service.restart import RestartWarmup, burst_levels
 from warmer.service.status import StatusService
+
+T = TypeVar("T")
 
 
 def test_restart_warmup_runs_before_prefixes_and_the_box_becomes_ready(store_url: str) -> None:
@@ -432,6 +437,114 @@ def test_a_database_blip_fails_one_tick_and_the_loop_carries_on(store_url: str) 
         stopping.set()
         await asyncio.wait_for(loop, timeout=10)
         await blinking.close()
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+class DownStore(SqlStore):
+    """A real store whose database refuses every call while `down` is True, as SqlStore says it
+    (StoreUnavailable), for every part of the reconciler (restart warm-up, staging, records)."""
+
+    down = False
+
+    async def _run(self, work: Callable[[Session], T], *, write: bool) -> T:
+        if self.down:
+            raise StoreUnavailable("database unreachable (simulated outage)")
+        return await super()._run(work, write=write)
+
+
+def down_world(store_url: str) -> tuple[World, DownStore]:
+    w = world(store_url, store_class=DownStore)
+    assert isinstance(w.store, DownStore)
+    return w, w.store
+
+
+def test_an_engine_restart_during_a_database_outage_leaves_readiness_at_once(store_url: str) -> None:
+    async def scenario() -> None:
+        w, store = down_world(store_url)
+        w.engine.boxes["b1"].holds, w.engine.boxes["b1"].pinnable = 2, True  # llama.cpp-like slots: pins
+        await settle(w.reconciler)
+        status = StatusService(w.reconciler, w.store)
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        ready = await status.ready("b1")
+        assert ready is not None
+        assert ready.ready
+        assert [k[:2] for k in w.reconciler._pins if k[0] == "b1"] == [("b1", "gen-0")]
+
+        store.down = True
+        w.engine.restart("b1")
+        for _ in range(3):  # every pass fails on the store, and the restarted box stays out meanwhile
+            with pytest.raises(StoreUnavailable):
+                await w.reconciler.tick()
+            await w.reconciler.drain()
+            assert route_boxes(w.reconciler, "sales") == ["b2"]
+            ready = await status.ready("b1")
+            assert ready is not None
+            assert not ready.ready
+            assert w.reconciler.ready_box_ids() == {"b2"}
+            answer = await w.reconciler.ensure_warm("sales")
+            assert answer.box_id != "b1" or not answer.routed
+            snapshot = w.reconciler.snapshot()
+            assert snapshot.live["b1"].epoch == "gen-1"
+            assert [k for k in snapshot.records if k[0] == "b1"] == []
+            assert [k for k in w.reconciler._pins if k[0] == "b1"] == []
+
+        store.down = False
+        assert await w.store.current_epoch("b1") == "gen-0"  # nothing reached the store during the outage
+        await settle(w.reconciler)
+        assert await w.store.current_epoch("b1") == "gen-1"
+        assert await w.store.list_warm(box_id="b1", epoch="gen-0") == []
+        epochs = [e for e in await w.store.events(box_id="b1", limit=500) if e.kind == "epoch_changed"]
+        assert [e.epoch for e in reversed(epochs)] == ["gen-0", "gen-1"]
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        phases = await w.store.list_phases("b1", "gen-1")
+        assert [p.phase for p in phases][-1] is PhaseName.PREFIXES
+        assert all(p.ok for p in phases)
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_box_down_during_a_database_outage_leaves_routes_and_its_events_are_stored_after(
+    store_url: str,
+) -> None:
+    async def scenario() -> None:
+        w, store = down_world(store_url)
+        await settle(w.reconciler)
+        store.down = True
+        w.engine.boxes["b1"].healthy = False
+        with pytest.raises(StoreUnavailable):
+            await w.reconciler.tick()
+        assert route_boxes(w.reconciler, "sales") == ["b2"]
+        w.engine.boxes["b1"].healthy = True
+        w.clock.t += 1.0
+        with pytest.raises(StoreUnavailable):
+            await w.reconciler.tick()
+
+        store.down = False
+        await settle(w.reconciler)
+        kinds = [e.kind for e in reversed(await w.store.events(box_id="b1", limit=500))]
+        assert [k for k in kinds if k in ("box_unhealthy", "box_healthy")] == ["box_unhealthy", "box_healthy"]
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_box_removed_before_its_outage_writes_landed_does_not_block_later_passes(store_url: str) -> None:
+    async def scenario() -> None:
+        w, store = down_world(store_url)
+        await settle(w.reconciler)
+        store.down = True
+        w.engine.restart("b1")
+        with pytest.raises(StoreUnavailable):
+            await w.reconciler.tick()
+        store.down = False
+        await w.reconciler.remove_box("b1")  # its box row goes before its new epoch was written
+        await settle(w.reconciler)  # raises if a pass keeps failing on the removed box's epoch
+        assert route_boxes(w.reconciler, "sales") == ["b2"]
+        assert await w.store.current_epoch("b2") == "gen-0"
         await w.store.close()
 
     asyncio.run(scenario())

@@ -165,3 +165,28 @@ def test_hit_granularity_uses_the_profile_strategy_only_when_the_server_names_no
     )
     assert hit_granularity(extra, CacheLayout()) == 64
     assert hit_granularity(extra, CacheLayout(page_tokens=1, mamba_strategy=MambaStrategy.NO_BUFFER)) == 1
+
+
+IDS = Prefix("p", 100, token_ids=tuple(range(100)))
+
+
+def test_a_keepalive_probe_claiming_more_cached_than_was_sent_is_not_verified() -> None:
+    # 100 ids + the 16-byte probe suffix (at most 49 tokens) + 2 specials: 151 at most could be cached.
+    engine = FakeEngine(warm=report(100, 0), probe=report(10_001, 10_000))
+    outcome = asyncio.run(WarmExecutor(engine, FakeClock()).probe(BOX, DENSE, IDS))
+    assert not outcome.verified
+    assert outcome.reason == (
+        "the engine's report contradicts what warmer sent:"
+        " claims 10000 cached, more than the at most 151 tokens warmer sent"
+    )
+
+
+def test_a_contradicting_probe_ends_a_running_state_warm_at_once() -> None:
+    hybrid = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
+    engine = FakeEngine(warm=report(100, 0), probe=report(10_001, 10_000))
+    executor = WarmExecutor(engine, FakeClock(), max_rounds_running_state=4)
+    outcome = asyncio.run(executor.warm_and_verify(BOX, hybrid, IDS))
+    assert not outcome.verified
+    assert (outcome.rounds, outcome.requests_sent) == (1, 2)
+    assert outcome.reason is not None
+    assert "claims 10000 cached" in outcome.reason

@@ -22,7 +22,9 @@ from warmer.core.warmstate import (
     is_serving,
     is_verified,
     new_record,
+    report_contradiction,
     retry_at,
+    suffix_token_ceiling,
     transition,
 )
 
@@ -176,3 +178,51 @@ def test_release_stops_vouching() -> None:
     released = transition(warm, Released("idle"), 5.0)
     assert released.state is WarmState.COLD
     assert not is_serving(released)
+
+
+PROBE = "\n#probe 0a1b2c3d"  # the executor's probe suffix shape: 16 bytes
+
+
+def contradiction(
+    prompt: int, cached: int, *, bar: int = 100, sent: int | None = 100, suffix: str = PROBE
+) -> str | None:
+    return report_contradiction(
+        bar_tokens=bar, sent_prefix_tokens=sent, suffix=suffix, prompt_tokens=prompt, cached_tokens=cached
+    )
+
+
+def test_suffix_token_ceiling_is_three_per_byte_plus_one() -> None:
+    assert suffix_token_ceiling("") == 0
+    assert suffix_token_ceiling(PROBE) == 49
+    assert suffix_token_ceiling("\u00e9") == 7  # two UTF-8 bytes
+
+
+def test_true_reports_are_no_contradiction() -> None:
+    assert contradiction(116, 99) is None  # llama.cpp full hit: the last prefix token recomputed
+    assert contradiction(116, 108) is None  # the previous probe's "\n#probe " shared too
+    assert contradiction(100, 0, suffix="") is None  # the prefix alone, cold
+    assert contradiction(300, 0, bar=100, sent=None, suffix="") is None  # a text prefix: the engine counts
+
+
+def test_a_hit_larger_than_its_prompt_contradicts() -> None:
+    assert contradiction(116, 117) == "claims 117 cached of only 116 prompt tokens"
+
+
+def test_a_hit_larger_than_what_warmer_sent_contradicts() -> None:
+    # 100 prefix tokens + at most 49 for the suffix + 2 specials = 151.
+    expected = "claims 10000 cached, more than the at most 151 tokens warmer sent"
+    assert contradiction(10_001, 10_000) == expected
+    assert contradiction(152, 151) is None
+    assert contradiction(153, 152) is not None
+    # The bar raised by the engine's own count does not raise what warmer sent.
+    assert contradiction(5_010, 5_000, bar=5_000, sent=100) is not None
+
+
+def test_a_prompt_shorter_than_its_prefix_contradicts() -> None:
+    assert contradiction(40, 0, suffix="") == "counted 40 prompt tokens, fewer than the 100-token prefix sent"
+    assert contradiction(60, 50, sent=None) is not None  # a probe holds the prefix and more
+    assert contradiction(40, 0, sent=None, suffix="") is None  # a text prefix alone: the engine counts it
+
+
+def test_a_text_prefix_only_the_engine_has_counted_bounds_no_hit() -> None:
+    assert contradiction(700, 620, bar=140, sent=None) is None

@@ -123,6 +123,43 @@ def is_verified(prefix_tokens: int, cached_tokens: int, block_tokens: int = 1) -
     return cached_tokens >= prefix_tokens - block_tokens
 
 
+# Special tokens (BOS, EOS) an engine may add to a text prompt that warmer's own count of it left out.
+SPECIAL_TOKENS_ALLOWANCE = 2
+
+
+def suffix_token_ceiling(suffix: str) -> int:
+    """The most tokens an engine can make of `suffix`: with byte fallback a tokenizer emits at most one
+    token per byte, and SentencePiece first turns each space into U+2581 (3 bytes) and may prepend one,
+    so 3 per UTF-8 byte plus 1 bounds every tokenizer warmer talks to (byte-level BPE: 1 per byte)."""
+    return 3 * len(suffix.encode()) + 1 if suffix else 0
+
+
+def report_contradiction(
+    *, bar_tokens: int, sent_prefix_tokens: int | None, suffix: str, prompt_tokens: int, cached_tokens: int
+) -> str | None:
+    """Why an engine's token counts for one request cannot be true of what warmer sent, else None: the
+    one rule that keeps a lying or buggy engine's report from counting as a verified hit.
+
+    The request was the prefix, then `suffix` as text. `sent_prefix_tokens` is what warmer knows the
+    prefix to be (the engine's own token ids it holds, or the engine's count of this prefix sent alone);
+    None when only the engine can count it (a text prefix without ids, not yet sent alone). `bar_tokens`
+    is the count a probe must reach (the engine may raise it above warmer's, which only makes a hit
+    harder to claim). No hit exceeds its prompt; a prompt never holds fewer tokens than the prefix in it;
+    and no hit exceeds what warmer sent: the prefix, the most tokens the suffix can make, and the specials
+    an engine may add.
+    """
+    if cached_tokens > prompt_tokens:
+        return f"claims {cached_tokens} cached of only {prompt_tokens} prompt tokens"
+    if (suffix or sent_prefix_tokens is not None) and prompt_tokens < bar_tokens:
+        return f"counted {prompt_tokens} prompt tokens, fewer than the {bar_tokens}-token prefix sent"
+    if sent_prefix_tokens is None:
+        return None  # only the engine can count this prefix: nothing of warmer's to bound the hit by
+    ceiling = sent_prefix_tokens + suffix_token_ceiling(suffix) + SPECIAL_TOKENS_ALLOWANCE
+    if cached_tokens > ceiling:
+        return f"claims {cached_tokens} cached, more than the at most {ceiling} tokens warmer sent"
+    return None
+
+
 def hit_granularity(profile: ModelProfile, layout: CacheLayout) -> int:
     """The tokens a verified hit may fall short of the prefix by, from what the server reports.
 

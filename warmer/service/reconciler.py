@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -212,6 +213,10 @@ class Reconciler:
         # warmer's for that prefix (keepalive, probe) and every pinned call runs there
         self._pins: dict[WarmKey, int] = {}
         self._served: set[str] = set()  # boxes that were ready at least once under this daemon
+        # Health and epoch writes the in-memory view is already ahead of, oldest first: the view changes
+        # at once (a restarted box leaves readiness even while the database is down) and these reach the
+        # store, the durable truth, as soon as it answers (`_flush_unwritten`, every pass).
+        self._unwritten: dict[tuple[object, ...], Callable[[], Awaitable[object]]] = {}
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -335,6 +340,7 @@ class Reconciler:
         results = await asyncio.gather(*(poll(box) for box in boxes))
         for box, (healthy, epoch, error) in zip(boxes, results, strict=True):
             await self._apply_health(box, healthy, epoch, error, now)
+        await self._flush_unwritten()  # a StoreError ends the pass; the view above already holds
 
     async def _poll(self, box: BoxSpec) -> tuple[bool, str | None, str | None]:
         """(healthy, epoch, why not) of one box, as its engine answers now."""
@@ -360,54 +366,80 @@ class Reconciler:
             return  # nothing changed: no pass needed
         async with self._fleet_lock:
             await self._apply_health(box, healthy, epoch, error, self._clock.now())
+            try:
+                await self._flush_unwritten()
+            except StoreError as exc:  # the answer comes from the view; the next pass writes it
+                self._log.warning("box health not stored yet", box=box_id, error=str(exc))
         self._notify_changed()
         self.poke()
 
     async def _apply_health(
         self, box: BoxSpec, healthy: bool, epoch: str | None, error: str | None, now: float
     ) -> None:
+        """Change the in-memory view first, then queue its store writes: what the daemon sees of a box
+        must take it out of readiness at once, whether or not the database answers."""
         live = self._live.get(box.id)
         if live is None:
             return  # removed from the fleet while it was being polled
         if not healthy or epoch is None:
             if live.healthy:
                 self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
-                await self._store.append_event(
-                    LoggedEvent(
-                        at=now,
-                        kind=EVENT_BOX_UNHEALTHY,
-                        box_id=box.id,
-                        epoch=live.epoch,
-                        detail={"error": error},
-                    )
+                event = LoggedEvent(
+                    at=now, kind=EVENT_BOX_UNHEALTHY, box_id=box.id, epoch=live.epoch, detail={"error": error}
                 )
+                self._event_later(event)
             live.healthy, live.health_error = False, error
             return
-        changed = await self._store.record_epoch(box.id, epoch, now)
         if epoch != live.epoch:
-            await self._read_capacity(box)
-            dropped = await self._store.drop_other_epochs(box.id, epoch)
+            # A new process holds nothing of the old one's: its records and pins go, it starts cold.
             self._records = {k: r for k, r in self._records.items() if k[0] != box.id or k[1] == epoch}
             self._pins = {k: s for k, s in self._pins.items() if k[0] != box.id or k[1] == epoch}
-            self._log.info(
-                "box epoch",
-                box=box.id,
-                epoch=epoch,
-                previous=live.epoch,
-                new=changed,
-                dropped_records=dropped,
-            )
             fresh = BoxLive(
                 healthy=True, epoch=epoch, healthy_since=now, healthy_since_mono=self._clock.monotonic()
             )
-            await self._resume_warmup(box.id, epoch, fresh)
             self._live[box.id] = fresh
+            self._log.info("box epoch", box=box.id, epoch=epoch, previous=live.epoch)
+            key = (box.id, "epoch", epoch)
+            self._unwritten.pop(key, None)  # back to an epoch still queued: it is now the newest write
+            self._write_later(key, functools.partial(self._store_epoch, box.id, epoch, now, new=True))
+            await self._read_capacity(box)
+            try:
+                await self._flush_unwritten()
+                await self._resume_warmup(box.id, epoch, fresh)
+            except StoreError as exc:  # cold until a pass can read the store: never warm by default
+                self._log.warning("box epoch not stored yet", box=box.id, epoch=epoch, error=str(exc))
             return
+        self._write_later((box.id, "epoch", epoch), functools.partial(self._store_epoch, box.id, epoch, now))
         if not live.healthy:
-            await self._store.append_event(
-                LoggedEvent(at=now, kind=EVENT_BOX_HEALTHY, box_id=box.id, epoch=epoch)
-            )
+            event = LoggedEvent(at=now, kind=EVENT_BOX_HEALTHY, box_id=box.id, epoch=epoch)
+            self._event_later(event)
         live.healthy, live.health_error = True, None
+
+    def _write_later(self, key: tuple[object, ...], write: Callable[[], Awaitable[object]]) -> None:
+        """Queue a store write behind the ones already waiting (one per `key`, (box id, what, ...): the
+        first one queued)."""
+        self._unwritten.setdefault(key, write)
+
+    def _event_later(self, event: LoggedEvent) -> None:
+        self._write_later(
+            (event.box_id, "event", event.kind, event.at), functools.partial(self._store.append_event, event)
+        )
+
+    async def _flush_unwritten(self) -> None:
+        """Write what the view is ahead of, oldest first; each leaves the queue once written, so a
+        StoreError (raised) keeps it and the rest for the next try."""
+        while self._unwritten:
+            key, write = next(iter(self._unwritten.items()))
+            await write()
+            del self._unwritten[key]
+
+    async def _store_epoch(self, box_id: str, epoch: str, at: float, *, new: bool = False) -> None:
+        """The box's epoch in the store; a new one also drops the box's records of every other epoch
+        (they died with their process). Safe to repeat after a failure part way."""
+        changed = await self._store.record_epoch(box_id, epoch, at)
+        if new:
+            dropped = await self._store.drop_other_epochs(box_id, epoch)
+            self._log.info("box epoch stored", box=box_id, epoch=epoch, new=changed, dropped_records=dropped)
 
     async def _read_capacity(self, box: BoxSpec) -> None:
         """What the new process's cache holds (placement never gives a box more prefixes than that)."""
@@ -1062,6 +1094,8 @@ class Reconciler:
             self._epoch_tags.pop(box_id, None)
             self._records = {k: r for k, r in self._records.items() if k[0] != box_id}
             self._pins = {k: s for k, s in self._pins.items() if k[0] != box_id}
+            # its epoch rows go with its box row; a queued epoch write would now fail on every pass
+            self._unwritten = {k: w for k, w in self._unwritten.items() if k[:2] != (box_id, "epoch")}
             self._routing = {a: tuple(b for b in group if b != box_id) for a, group in self._routing.items()}
             if self._desired is not None:
                 desired = self._desired

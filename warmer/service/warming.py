@@ -23,7 +23,7 @@ import structlog
 
 from warmer.core.errors import EngineError
 from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, ModelProfile, Prefix
-from warmer.core.warmstate import hit_granularity, is_verified
+from warmer.core.warmstate import hit_granularity, is_verified, report_contradiction
 from warmer.ports import Clock, EnginePort
 
 
@@ -161,10 +161,15 @@ class WarmExecutor:
             run.rounds = max(run.rounds, round_no)
             report = await self._send(box, prefix, run, rank)
             run.add(report)
+            if run.contradicts(report, suffix=""):
+                return False
             # The prefix alone: the engine's own token count for it is the honest bar to clear.
             run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
+            run.engine_counted = True
             if self._judge(run, await self._probe_report(box, prefix, run, rank)):
                 return True
+            if run.contradiction is not None:
+                return False  # counts that cannot be true: no further round would be believed either
         return False
 
     async def probe(
@@ -194,12 +199,13 @@ class WarmExecutor:
     async def _probe_report(
         self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None
     ) -> CompletionReport:
-        report = await self._send(box, prefix, run, rank, suffix=self._probe_suffix())
+        suffix = self._probe_suffix()
+        report = await self._send(box, prefix, run, rank, suffix=suffix)
         run.add(report)
+        run.contradicts(report, suffix=suffix)
         # Over several ranks the outcome carries the smallest last hit: what every rank holds at least.
         run.last_cached[rank] = report.cached_tokens
         run.cached_tokens = min(run.last_cached.values())
-        run.probe_prompt_tokens = report.prompt_tokens
         run.cache_note = report.cache_note
         return report
 
@@ -208,9 +214,8 @@ class WarmExecutor:
         if run.prefix_tokens <= 0:
             run.unknown_size = True  # nothing to compare against: "verified" would be vacuous
             return False
-        if probe.prompt_tokens < run.prefix_tokens:
-            run.inconsistent = True  # the probe holds the prefix and more: a smaller count proves nothing
-            return False
+        if run.contradiction is not None:
+            return False  # counts that cannot be true of what was sent prove nothing
         return is_verified(run.prefix_tokens, probe.cached_tokens, run.block_tokens)
 
 
@@ -227,13 +232,13 @@ class _Run:
         self.block_tokens = max(1, profile.block_tokens)
         self.block_source = "profile"
         self.prefix_tokens = prefix.token_count
+        self.engine_counted = False  # the engine has counted the prefix sent alone in this run
         self.cached_tokens: int | None = None
-        self.probe_prompt_tokens: int | None = None
         self.cache_note: str | None = None
         self.requests = 0
         self.rounds = 0
         self.engine_seconds: float | None = None
-        self.inconsistent = False
+        self.contradiction: str | None = None  # why the last report cannot be true of what was sent
         self.unknown_size = False
         self.rank: int | None = None  # the data-parallel rank being warmed (None: the box has one)
         self.last_cached: dict[int | None, int] = {}  # the last probe's cached tokens, per rank
@@ -241,6 +246,25 @@ class _Run:
 
     def ranked(self, reason: str) -> str:
         return reason if self.rank is None else f"DP rank {self.rank}: {reason}"
+
+    def contradicts(self, report: CompletionReport, *, suffix: str) -> bool:
+        """Hold `report` against what was sent (the prefix at the current bar, then `suffix`); remember why
+        it cannot be true, if it cannot."""
+        self.contradiction = report_contradiction(
+            bar_tokens=self.prefix_tokens,
+            sent_prefix_tokens=self.sent_prefix_tokens(),
+            suffix=suffix,
+            prompt_tokens=report.prompt_tokens,
+            cached_tokens=report.cached_tokens,
+        )
+        return self.contradiction is not None
+
+    def sent_prefix_tokens(self) -> int | None:
+        """What warmer knows the prefix to be: the engine's own ids it holds, else the engine's count of
+        the prefix sent alone in this run; None while only the engine can count it."""
+        if self.prefix.token_ids is not None:
+            return len(self.prefix.token_ids)
+        return self.prefix_tokens if self.engine_counted else None
 
     def add(self, report: CompletionReport) -> None:
         self.requests += 1
@@ -250,11 +274,8 @@ class _Run:
     def miss_reason(self, rounds: int) -> str:
         if self.unknown_size:
             return "the prefix's token count is unknown (0), so no probe can prove it cached"
-        if self.inconsistent:
-            return self.ranked(
-                f"probe counted {self.probe_prompt_tokens} prompt tokens, fewer than the"
-                f" {self.prefix_tokens}-token prefix it contains: token counts disagree"
-            )
+        if self.contradiction is not None:
+            return self.ranked(f"the engine's report contradicts what warmer sent: {self.contradiction}")
         note = f"; {self.cache_note}" if self.cache_note else ""
         return self.ranked(
             f"probe saw {self.last_cached.get(self.rank)} cached of {self.prefix_tokens} prefix tokens"
