@@ -719,3 +719,25 @@ def test_a_recheck_between_polls_takes_a_restarted_box_out_of_the_routes_at_once
         assert route_boxes(w.reconciler, "sales")  # and it is served warm again after a pass
 
     asyncio.run(scenario())
+
+
+def test_a_pre_call_ask_for_a_warm_agent_does_not_wake_the_loop(store_url: str) -> None:
+    """A pass per ask is CPU spent on every call, on the machine the calls' engines may share; an agent
+    that is routed warm needs none. A cold one does."""
+
+    async def scenario() -> None:
+        w = world(store_url, ("b1", "b2"), ("sales", "support"))
+        await settle(w.reconciler)
+        w.reconciler._wake.clear()
+        answer = await w.reconciler.ensure_warm("sales", wait_seconds=0.0)
+        assert answer.routed
+        assert not w.reconciler._wake.is_set()
+        w.engine.restart("b1")
+        w.engine.restart("b2")
+        await w.reconciler.tick()  # both boxes warming up again: nothing routed
+        w.reconciler._wake.clear()
+        cold = await w.reconciler.ensure_warm("support", wait_seconds=0.0)
+        assert not cold.routed
+        assert w.reconciler._wake.is_set()
+
+    asyncio.run(scenario())

@@ -1187,11 +1187,16 @@ class Reconciler:
         self._activity[agent_id] = now
         self._precall[agent_id] = now + self._config.precall_hold_seconds
         deadline = self._clock.monotonic() + max(0.0, wait_seconds)
-        self.poke()
+        woken = False
         while True:
             result, waiter = self._ensure_step(agent_id)
+            if result.routed:
+                return result  # warm: nothing for the loop to do, so no pass (a pass per ask is CPU per call)
+            if not woken:
+                self.poke()
+                woken = True
             remaining = deadline - self._clock.monotonic()
-            if result.routed or remaining <= 0:
+            if remaining <= 0:
                 return result
             if waiter is None:  # wake on the next tick or finished action
                 waiter = asyncio.ensure_future(self._changed.wait())
