@@ -529,9 +529,17 @@ class Reconciler:
         """The store is the truth: reload the current epochs' rows (a replica or an operator may write)."""
         current = {box_id: live.epoch for box_id, live in self._live.items() if live.epoch is not None}
         rows = await self._store.list_warm()
-        self._records = {
-            (r.box_id, r.epoch, r.prefix_hash): r for r in rows if current.get(r.box_id) == r.epoch
-        }
+        loaded = {(r.box_id, r.epoch, r.prefix_hash): r for r in rows if current.get(r.box_id) == r.epoch}
+        # A warm or probe of this daemon may have finished while the rows were being read: its newer
+        # transition (already written) wins over the older row the read returned, so a just-verified
+        # prefix is not probed or warmed again on stale evidence.
+        for key, mine in self._records.items():
+            row = loaded.get(key)
+            if (row is None and (key[0], key[2]) in self._in_flight) or (
+                row is not None and mine.updated_at > row.updated_at
+            ):
+                loaded[key] = mine
+        self._records = loaded
 
     def _build_desired(self, now: float, campaigns: Sequence[Campaign]) -> Desired:
         refs = {a: PrefixRef(c.prefix.hash, c.prefix.token_count) for a, c in self._prefixes.items()}
