@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+from warmer.core.leases import LeaseConfig, LeaseView
 from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxCapacity,
@@ -19,6 +20,7 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
+from warmer.core.shared_state import SharedFleetState, StateChange
 
 
 class Clock(Protocol):
@@ -150,6 +152,48 @@ class StorePort(Protocol):
 
     async def ping(self) -> None:
         """Round-trip to the database (for /readyz); raises StoreUnavailable when it does not answer."""
+        ...
+
+
+class CoordinationPort(Protocol):
+    """What several replicas on one database share beyond warm state: box leases (who sends each box its
+    engine work, `warmer.core.leases`) and the deploy state every replica applies
+    (`warmer.core.shared_state`)."""
+
+    @property
+    def notifies(self) -> bool:
+        """True when a write here wakes the other replicas at once (else they see it on their next pass)."""
+        ...
+
+    async def heartbeat(
+        self,
+        replica_id: str,
+        boxes: Sequence[str],
+        *,
+        at: float,
+        config: LeaseConfig,
+        detail: Mapping[str, object] | None = None,
+    ) -> LeaseView:
+        """Renew the replica and the leases it keeps, release its excess, take free boxes up to its fair
+        share, in one transaction; the leases and live replicas as it left them."""
+        ...
+
+    async def release(self, replica_id: str, *, leave: bool = True) -> None:
+        """Give back every lease of the replica now (and, with `leave`, its membership)."""
+        ...
+
+    async def lease_view(self) -> LeaseView: ...
+
+    async def phases_for(self, epochs: Mapping[str, str]) -> dict[str, list[PhaseRecord]]:
+        """Restart warm-up phases of each box's given epoch (box id -> epoch), in one read."""
+        ...
+
+    async def shared_state(self) -> SharedFleetState: ...
+
+    async def apply_deploy(
+        self, event_id: str, kind: str, body_sha256: str, at: float, change: StateChange
+    ) -> bool:
+        """Remember a webhook event id and write its change atomically; False when the id was seen."""
         ...
 
 

@@ -632,6 +632,44 @@ class FleetSettings(_Section):
     )
 
 
+class ReplicaSettings(_Section):
+    lease_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "How long a box's lease lasts from its holder's last heartbeat (seconds; PostgreSQL's clock). "
+            "Only the holder sends the box warm, restart warm-up and probe work; a replica that dies loses "
+            "its boxes to the others within lease_seconds + renew_seconds. At least twice renew_seconds."
+        ),
+    )
+    renew_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Heartbeat interval (seconds): leases are renewed, released to a replica that joined, and free "
+            "ones taken up to this replica's fair share (boxes / live replicas, rounded up)."
+        ),
+    )
+    replica_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description=(
+            "This daemon's name in the lease table. Default: <hostname>-<pid>-<random>, new on every start "
+            "(a restarted replica re-probes what it verified before, like any other)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _lease_outlives_two_renewals(self) -> ReplicaSettings:
+        if self.lease_seconds < 2 * self.renew_seconds:
+            raise ValueError(
+                f"lease_seconds ({self.lease_seconds:g}) must be at least twice renew_seconds "
+                f"({self.renew_seconds:g}): one late heartbeat must not lose a lease"
+            )
+        return self
+
+
 class Settings(BaseSettings):
     """The whole configuration. Build it with `load_settings` (file + env) or directly in tests."""
 
@@ -658,6 +696,9 @@ class Settings(BaseSettings):
     )
     capacity: CapacitySettings = Field(
         default_factory=CapacitySettings, description="Prefill budget per agent group (GET /v1/capacity)."
+    )
+    replicas: ReplicaSettings = Field(
+        default_factory=ReplicaSettings, description="Box leases between replicas on one PostgreSQL."
     )
 
     @classmethod

@@ -195,4 +195,53 @@ class EventRow(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+class ReplicaRow(Base):
+    """A running daemon on this database; live while `expires_at` (database clock) is ahead. Renewed with
+    its box leases, so a replica and its leases expire together."""
+
+    __tablename__ = "replicas"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    started_at: Mapped[float] = mapped_column(Double)
+    heartbeat_at: Mapped[float] = mapped_column(Double)
+    expires_at: Mapped[float] = mapped_column(Double)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class BoxLeaseRow(Base):
+    """Which replica sends a box its engine work (`warmer.core.leases`). `owner` NULL: released. No foreign
+    key: a lease row is ignored once its box leaves the fleet, and never blocks removing the box."""
+
+    __tablename__ = "box_leases"
+
+    box_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(200), index=True)
+    acquired_at: Mapped[float | None] = mapped_column(Double)  # the holder's clock
+    expires_at: Mapped[float] = mapped_column(Double)  # the database's clock
+    renewed_at: Mapped[float | None] = mapped_column(Double)
+
+
+class RolloutStateRow(Base):
+    """A box's rollout drain and epoch tag (`warmer.core.shared_state.RolloutMark`), shared by replicas."""
+
+    __tablename__ = "rollout_state"
+
+    box_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    drain_reason: Mapped[str | None] = mapped_column(Text)
+    epoch_tag: Mapped[str | None] = mapped_column(String(200))
+    event_id: Mapped[str] = mapped_column(String(200))
+    updated_at: Mapped[float] = mapped_column(Double)
+
+
+class FleetChangeRow(Base):
+    """The latest webhook fleet change of a box: `added` holds its spec, NULL when it was removed."""
+
+    __tablename__ = "fleet_changes"
+
+    box_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    added: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    event_id: Mapped[str] = mapped_column(String(200))
+    at: Mapped[float] = mapped_column(Double)
+
+
 metadata = Base.metadata
