@@ -17,10 +17,13 @@ Order of checks, and why:
    applied `box.removed` fail as "unknown box" instead of being recognised as a repeat;
 7. apply, and append the event to the event log.
 
-Fleet changes (`box.added` / `box.removed`) act on the running daemon and are written to the event log,
-not to the config: the config file stays the source of truth, so after a daemon restart the fleet is the
-configured one again (the pipeline that adds a box also adds it to the config). A box added at runtime
-is still only ever one whose URL the allowlist admits.
+Rollouts and fleet changes (`rollout.*`, `box.added` / `box.removed`) are shared state when the daemon has a
+`CoordinationPort`: step 5 then remembers the id and writes the change in ONE transaction
+(`apply_deploy`), after the fleet checks of step 6, and every replica (and this one after a restart)
+applies it from the store (`warmer.core.shared_state`); the replica that received it also applies it at
+once. The same event sent to another replica is a duplicate there and changes nothing. The fleet is the
+config plus these changes, so a box added at runtime stays until removed; it is still only ever one whose
+URL the allowlist admits.
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ from warmer.config.events import (
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError, StoreError, WarmerError
 from warmer.core.model import BoxSpec, LoggedEvent
+from warmer.core.shared_state import StateChange
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent, SignatureOutcome, verify_signature
-from warmer.ports import Clock, StorePort
+from warmer.ports import Clock, CoordinationPort, StorePort
 
 EVENT_DEPLOY_ACCEPTED = "deploy_event"
 EVENT_DEPLOY_REJECTED = "deploy_event_rejected"
@@ -120,6 +124,10 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
+def rollout_drain_reason(event_id: str) -> str:
+    return f"rollout in progress (event {event_id})"
+
+
 def rollout_epoch_tag(event_id: str) -> str:
     """Short, stable tag that makes a box's epoch new after the rollout named by `event_id`."""
     return "rollout-" + hashlib.sha256(event_id.encode()).hexdigest()[:12]
@@ -138,8 +146,10 @@ class DeployService:
         fleet: Callable[[], FleetControl | None],
         on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
         on_result: Callable[[DeployResult], None] | None = None,
+        shared: Callable[[], CoordinationPort | None] | None = None,
     ) -> None:
         self._store = store
+        self._shared = shared or (lambda: None)
         self._clock = clock
         self._config = config
         self._fleet = fleet
@@ -207,14 +217,20 @@ class DeployService:
         async with self._lock:
             now = self._clock.now()
             digest = hashlib.sha256(body).hexdigest()
-            if not await store.remember_webhook(event.id, event.kind, digest, now):
+            shared, change = self._shared(), self._state_change(event)
+            problems = self._fleet_problems(event, spec, control)
+            remembered = (
+                await shared.apply_deploy(event.id, event.kind, digest, now, change)
+                if shared is not None and change is not None and not problems
+                else await store.remember_webhook(event.id, event.kind, digest, now)
+            )
+            if not remembered:
                 return DeployResult(
                     DeployOutcome.DUPLICATE,
                     "event id already received; nothing changed",
                     event.id,
                     event.kind,
                 )
-            problems = self._fleet_problems(event, spec, control)
             if not problems:
                 try:
                     detail = await self._apply(event, spec, control, store, now)
@@ -254,6 +270,18 @@ class DeployService:
         if consumed:
             text += f" (event id {event.id!r} is now used: send the corrected event with a new id)"
         return DeployResult(DeployOutcome.INVALID, text, event.id, event.kind, tuple(problems))
+
+    def _state_change(self, event: DeployEvent) -> StateChange | None:
+        """What the event changes in the state replicas share; None for an event that changes none."""
+        if isinstance(event, RolloutStarted):
+            return StateChange(drain=dict.fromkeys(event.box_ids, rollout_drain_reason(event.id)))
+        if isinstance(event, RolloutFinished):
+            return StateChange(undrain=dict.fromkeys(event.box_ids, rollout_epoch_tag(event.id)))
+        if isinstance(event, BoxAdded):
+            return StateChange(add=event.box_spec(self._config.default_slots))
+        if isinstance(event, BoxRemoved):
+            return StateChange(remove=event.box_id)
+        return None
 
     def _agent_spec(self, event: AgentPromptChanged) -> AgentSpec:
         """The event's spec as an AgentSpec; inline text only (an event never names files on this host)."""
@@ -296,8 +324,7 @@ class DeployService:
             control.stage_prompt(spec)
             return {"spec_hash": spec.spec_hash, "model": spec.model}
         if isinstance(event, RolloutStarted):
-            reason = f"rollout in progress (event {event.id})"
-            control.drain_boxes(event.box_ids, reason)
+            control.drain_boxes(event.box_ids, rollout_drain_reason(event.id))
             for box_id in event.box_ids:
                 await store.append_event(
                     LoggedEvent(at=now, kind=EVENT_BOX_DRAINED, box_id=box_id, detail={"event_id": event.id})
