@@ -1,0 +1,254 @@
+"""A real HTTP server in front of a llama-server box that records every request and misbehaves on command.
+
+warmer's config points at the proxy; the proxy forwards to the engine. What it records is what reached the
+engine (the engine's own log is checked against it: `engine_request_lines`), so tests count warms per
+(box, prefix) and restart warm-ups per box on the engine side, whatever warmer believes it sent.
+
+Modes (`set_mode`), applied to the completion endpoints only unless `paths` says otherwise, so `/health`
+and `/props` keep answering and the box looks up while its completions fail:
+- PASS: forward;
+- REFUSE: no listener at all on the port (connection refused), for every path;
+- HANG: accept and never answer;
+- ERROR: HTTP 500 with a plain-text body;
+- GARBAGE: HTTP 200 whose body is not JSON;
+- TRUNCATED: HTTP 200 promising more body than it sends, then the connection closes;
+- HOLD: forward only once `release()` is called (a warm held in flight).
+
+Runs its own event loop in a thread (aiohttp server and client), so the test's own code stays synchronous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import re
+import threading
+from collections.abc import Collection
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from testbed.fleet import free_loopback_port
+
+COMPLETION_PATHS = frozenset({"/completion", "/completions", "/v1/completions", "/v1/chat/completions"})
+PROBE_MARK = "\n#probe "  # the executor's probe suffix starts with this (warmer/service/warming.py)
+HANG_SECONDS = 3600.0
+
+
+class Mode(enum.StrEnum):
+    PASS = "pass"
+    REFUSE = "refuse"
+    HANG = "hang"
+    ERROR = "error"
+    GARBAGE = "garbage"
+    TRUNCATED = "truncated"
+    HOLD = "hold"
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """One request that reached the proxy, and what it did with it."""
+
+    method: str
+    path: str
+    body: Any  # parsed JSON, or None
+    mode: Mode
+    status: int | None  # the engine's status when forwarded
+
+    @property
+    def forwarded(self) -> bool:
+        return self.status is not None
+
+    @property
+    def prompt_text(self) -> str | None:
+        """The completion prompt as text: a string prompt, or the string parts of a mixed one."""
+        if not isinstance(self.body, dict):
+            return None
+        prompt = self.body.get("prompt")
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt, list):
+            return "".join(part for part in prompt if isinstance(part, str))
+        return None
+
+    @property
+    def is_restart_warmup(self) -> bool:
+        """The restart warm-up's constrained-output request: exactly one per restart warm-up."""
+        return isinstance(self.body, dict) and "json_schema" in self.body
+
+    @property
+    def is_probe(self) -> bool:
+        text = self.prompt_text
+        return text is not None and PROBE_MARK in text
+
+    def is_prefix_warm(self, prefix_text: str) -> bool:
+        """A warm request of exactly `prefix_text` (nothing after it; a keepalive touch looks the same)."""
+        return self.path in COMPLETION_PATHS and self.prompt_text == prefix_text
+
+
+class EngineProxy:
+    """`start()` -> the base URL to configure; `set_mode()` to misbehave; `seen()` what arrived."""
+
+    def __init__(self, upstream: str, *, port: int | None = None) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.port = port or free_loopback_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._mode = Mode.PASS
+        self._paths: frozenset[str] = COMPLETION_PATHS
+        self._seen: list[Seen] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"proxy-{self.port}", daemon=True)
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._client: aiohttp.ClientSession | None = None
+        self._released: asyncio.Event | None = None
+        self._holding = 0
+
+    # -- control (from the test's thread) ---------------------------------------------------------------
+
+    def start(self) -> str:
+        self._thread.start()
+        self._call(self._start())
+        return self.base_url
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        self._call(self._stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=30)
+
+    def set_mode(self, mode: Mode, paths: Collection[str] = COMPLETION_PATHS) -> None:
+        """Misbehave as `mode` on `paths` from now on (REFUSE closes the port for every path)."""
+        self._call(self._set_mode(mode, frozenset(paths)))
+
+    def release(self) -> None:
+        """Let the requests held by HOLD go on to the engine, and forward from now on."""
+        self._call(self._set_mode(Mode.PASS, COMPLETION_PATHS))
+
+    def seen(self) -> list[Seen]:
+        with self._lock:
+            return list(self._seen)
+
+    def holding(self) -> int:
+        """Requests waiting in HOLD now."""
+        with self._lock:
+            return self._holding
+
+    def __enter__(self) -> EngineProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    # -- the server (on the proxy's loop) ---------------------------------------------------------------
+
+    def _call(self, coroutine: Any) -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        return future.result(timeout=60)
+
+    async def _start(self) -> None:
+        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
+        self._released = asyncio.Event()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        await self._listen()
+
+    async def _listen(self) -> None:
+        assert self._runner is not None
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await self._site.start()
+
+    async def _stop(self) -> None:
+        if self._released is not None:
+            self._released.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._client is not None:
+            await self._client.close()
+
+    async def _set_mode(self, mode: Mode, paths: frozenset[str]) -> None:
+        previous, self._mode, self._paths = self._mode, mode, paths
+        assert self._released is not None
+        if mode is Mode.HOLD:
+            self._released = asyncio.Event()
+        elif previous is Mode.HOLD:
+            self._released.set()
+        if mode is Mode.REFUSE and previous is not Mode.REFUSE and self._site is not None:
+            await self._site.stop()
+            self._site = None
+        elif mode is not Mode.REFUSE and self._site is None:
+            await self._listen()
+
+    def _record(self, seen: Seen) -> None:
+        with self._lock:
+            self._seen.append(seen)
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        mode = self._mode if request.path in self._paths else Mode.PASS
+        if mode is Mode.HANG:
+            self._record(Seen(request.method, request.path, body, mode, None))
+            await asyncio.sleep(HANG_SECONDS)
+        if mode is Mode.ERROR:
+            self._record(Seen(request.method, request.path, body, mode, None))
+            return web.Response(status=500, text="proxy: injected internal error")
+        if mode is Mode.GARBAGE:
+            self._record(Seen(request.method, request.path, body, mode, None))
+            return web.Response(status=200, body=b"\x00\xffnot json {", content_type="application/json")
+        if mode is Mode.TRUNCATED:
+            self._record(Seen(request.method, request.path, body, mode, None))
+            response = web.StreamResponse(status=200, headers={"Content-Length": "4096"})
+            response.content_type = "application/json"
+            await response.prepare(request)
+            await response.write(b'{"content": " ", "timings": {"cache_n": ')
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        if mode is Mode.HOLD:
+            released = self._released
+            assert released is not None
+            with self._lock:
+                self._holding += 1
+            try:
+                await released.wait()
+            finally:
+                with self._lock:
+                    self._holding -= 1
+        return await self._forward(request, raw, body, mode)
+
+    async def _forward(self, request: web.Request, raw: bytes, body: Any, mode: Mode) -> web.Response:
+        assert self._client is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
+        async with self._client.request(
+            request.method, f"{self.upstream}{request.path_qs}", data=raw or None, headers=headers
+        ) as upstream:
+            content = await upstream.read()
+            status = upstream.status
+            content_type = upstream.headers.get("Content-Type", "application/json")
+        self._record(Seen(request.method, request.path, body, mode, status))
+        response = web.Response(status=status, body=content)
+        response.headers["Content-Type"] = content_type
+        return response
+
+
+_REQUEST_LINE = re.compile(r"request: (?P<method>[A-Z]+) (?P<path>/\S*) \S+ (?P<status>\d{3})")
+
+
+def engine_request_lines(log_path: Path, path: str = "/completion") -> int:
+    """How many requests for `path` llama-server's own log says it answered (its `log_server_r` lines)."""
+    text = log_path.read_text(errors="replace")
+    return sum(1 for match in _REQUEST_LINE.finditer(text) if match["path"] == path)
