@@ -20,11 +20,12 @@ Runs its own event loop in a thread (aiohttp server and client), so the test's o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import re
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,14 @@ class Seen:
         return self.status is not None
 
     @property
+    def prompt_ids(self) -> tuple[int, ...] | None:
+        """The token ids leading a completion prompt given as a list (warmer sends prefixes as ids)."""
+        prompt = self.body.get("prompt") if isinstance(self.body, dict) else None
+        if not isinstance(prompt, list):
+            return None
+        return tuple(part for part in prompt if isinstance(part, int))
+
+    @property
     def prompt_text(self) -> str | None:
         """The completion prompt as text: a string prompt, or the string parts of a mixed one."""
         if not isinstance(self.body, dict):
@@ -86,9 +95,32 @@ class Seen:
         text = self.prompt_text
         return text is not None and PROBE_MARK in text
 
-    def is_prefix_warm(self, prefix_text: str) -> bool:
-        """A warm request of exactly `prefix_text` (nothing after it; a keepalive touch looks the same)."""
-        return self.path in COMPLETION_PATHS and self.prompt_text == prefix_text
+    def is_prefix_warm(self, token_ids: Sequence[int]) -> bool:
+        """A warm request of exactly the prefix (nothing after it; a keepalive touch looks the same)."""
+        return self.path in COMPLETION_PATHS and self.prompt_ids == tuple(token_ids) and not self.prompt_text
+
+    def is_prefix_probe(self, token_ids: Sequence[int]) -> bool:
+        return self.path in COMPLETION_PATHS and self.prompt_ids == tuple(token_ids) and self.is_probe
+
+
+Match = Callable[[Any], bool]
+
+
+def prefix_requests(token_ids: Sequence[int]) -> Match:
+    """Matches warmer's requests of one prefix (warms and probes: the ids, then nothing or a suffix)."""
+    wanted = list(token_ids)
+
+    def match(body: Any) -> bool:
+        prompt = body.get("prompt") if isinstance(body, dict) else None
+        return isinstance(prompt, list) and [p for p in prompt if isinstance(p, int)] == wanted
+
+    return match
+
+
+def burst_requests(body: Any) -> bool:
+    """The restart warm-up's burst requests (warmer/service/restart.py `_bursts`)."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    return isinstance(prompt, str) and prompt.startswith("Warm-up burst ")
 
 
 class EngineProxy:
@@ -100,6 +132,7 @@ class EngineProxy:
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._mode = Mode.PASS
         self._paths: frozenset[str] = COMPLETION_PATHS
+        self._match: Match | None = None
         self._seen: list[Seen] = []
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -109,6 +142,7 @@ class EngineProxy:
         self._client: aiohttp.ClientSession | None = None
         self._released: asyncio.Event | None = None
         self._holding = 0
+        self._closing: asyncio.Event | None = None
 
     # -- control (from the test's thread) ---------------------------------------------------------------
 
@@ -124,13 +158,16 @@ class EngineProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=30)
 
-    def set_mode(self, mode: Mode, paths: Collection[str] = COMPLETION_PATHS) -> None:
-        """Misbehave as `mode` on `paths` from now on (REFUSE closes the port for every path)."""
-        self._call(self._set_mode(mode, frozenset(paths)))
+    def set_mode(
+        self, mode: Mode, paths: Collection[str] = COMPLETION_PATHS, match: Match | None = None
+    ) -> None:
+        """Misbehave as `mode` on `paths` (and, with `match`, only on request bodies it accepts) from now on.
+        REFUSE closes the port for every request."""
+        self._call(self._set_mode(mode, frozenset(paths), match))
 
     def release(self) -> None:
         """Let the requests held by HOLD go on to the engine, and forward from now on."""
-        self._call(self._set_mode(Mode.PASS, COMPLETION_PATHS))
+        self._call(self._set_mode(Mode.PASS, COMPLETION_PATHS, None))
 
     def seen(self) -> list[Seen]:
         with self._lock:
@@ -157,6 +194,7 @@ class EngineProxy:
     async def _start(self) -> None:
         self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600))
         self._released = asyncio.Event()
+        self._closing = asyncio.Event()
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
@@ -169,6 +207,8 @@ class EngineProxy:
         await self._site.start()
 
     async def _stop(self) -> None:
+        if self._closing is not None:
+            self._closing.set()
         if self._released is not None:
             self._released.set()
         if self._runner is not None:
@@ -176,8 +216,8 @@ class EngineProxy:
         if self._client is not None:
             await self._client.close()
 
-    async def _set_mode(self, mode: Mode, paths: frozenset[str]) -> None:
-        previous, self._mode, self._paths = self._mode, mode, paths
+    async def _set_mode(self, mode: Mode, paths: frozenset[str], match: Match | None) -> None:
+        previous, self._mode, self._paths, self._match = self._mode, mode, paths, match
         assert self._released is not None
         if mode is Mode.HOLD:
             self._released = asyncio.Event()
@@ -199,10 +239,14 @@ class EngineProxy:
             body = json.loads(raw) if raw else None
         except ValueError:
             body = None
-        mode = self._mode if request.path in self._paths else Mode.PASS
+        applies = request.path in self._paths and (self._match is None or self._match(body))
+        mode = self._mode if applies else Mode.PASS
         if mode is Mode.HANG:
             self._record(Seen(request.method, request.path, body, mode, None))
-            await asyncio.sleep(HANG_SECONDS)
+            assert self._closing is not None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), HANG_SECONDS)
+            return web.Response(status=503, text="proxy: stopped while hanging")
         if mode is Mode.ERROR:
             self._record(Seen(request.method, request.path, body, mode, None))
             return web.Response(status=500, text="proxy: injected internal error")
