@@ -77,6 +77,8 @@ class FaultRig:
     agent: AgentSpec
     stable: StablePrefix
     box_ids: list[str] = field(default_factory=list)
+    config: Path | None = None
+    port: int = 0
 
     def alive(self) -> bool:
         if self.serve.process.poll() is not None:
@@ -172,6 +174,6 @@ def fault_rig(
         url = database_url or sqlite_url(tmp_path)
         config = proxied_config(tmp_path, fleet, proxies, port, database_url=database_url)
         serve = stack.enter_context(running_serve(config, port, tmp_path / log_name))
-        rig = FaultRig(serve, fleet, proxies, url, agent, stable_prefix(agent), sorted(proxies))
+        rig = FaultRig(serve, fleet, proxies, url, agent, stable_prefix(agent), sorted(proxies), config, port)
         rig.wait_all_ready()
         yield rig

@@ -198,3 +198,14 @@ async def test_a_lease_change_notifies_listening_replicas(
         stopping.set()
         await asyncio.wait_for(listener, 30)
     assert heard[:2] == ["listening", "leases"]
+
+
+async def test_a_lapsed_lease_taken_back_by_its_holder_keeps_its_acquisition(
+    replicas: Callable[[], SqlCoordination],
+) -> None:
+    one = replicas()
+    first = await one.heartbeat("r1", BOXES, at=1.0, config=SHORT)
+    await asyncio.sleep(SHORT.lease_seconds + 0.2)  # nobody renewed, nobody else took them
+    again = await one.heartbeat("r1", BOXES, at=9.0, config=SHORT)
+    assert again.held_by("r1") == set(BOXES)
+    assert {again.leases[b].acquired_at for b in BOXES} == {first.leases[BOXES[0]].acquired_at} == {1.0}

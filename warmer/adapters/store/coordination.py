@@ -138,9 +138,19 @@ class SqlCoordination:
                     .with_for_update(skip_locked=True)
                 ).all()
                 if free:
+                    # Taken back by the replica whose lease lapsed, nobody having held it since: its holding
+                    # is continuous (no one else wrote the box's rows), so its verifications stay its own.
                     session.execute(
                         update(BoxLeaseRow)
-                        .where(BoxLeaseRow.box_id.in_(list(free)))
+                        .where(BoxLeaseRow.box_id.in_(list(free)), BoxLeaseRow.owner == replica_id)
+                        .values(expires_at=until, renewed_at=now)
+                    )
+                    session.execute(
+                        update(BoxLeaseRow)
+                        .where(
+                            BoxLeaseRow.box_id.in_(list(free)),
+                            (BoxLeaseRow.owner.is_(None)) | (BoxLeaseRow.owner != replica_id),
+                        )
                         .values(owner=replica_id, acquired_at=at, expires_at=until, renewed_at=now)
                     )
                     changed = True
