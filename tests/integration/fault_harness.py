@@ -9,6 +9,7 @@ before the fault is still there, unchanged; the log only grows).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -53,11 +54,15 @@ def event_rows(database_url: str) -> list[Row]:
     try:
         with engine.connect() as connection:
             result = connection.execute(
-                text("SELECT id, at, kind, box_id, epoch, prefix_hash FROM events ORDER BY id")
+                text("SELECT id, at, kind, box_id, epoch, prefix_hash, detail FROM events ORDER BY id")
             )
-            return [dict(row._mapping) for row in result]
+            rows = [dict(row._mapping) for row in result]
     finally:
         engine.dispose()
+    for row in rows:
+        if isinstance(row["detail"], str):  # SQLite hands JSON back as text
+            row["detail"] = json.loads(row["detail"])
+    return rows
 
 
 def assert_no_row_lost(before: list[Row], after: list[Row]) -> None:
