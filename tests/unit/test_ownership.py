@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,10 +32,10 @@ class FlakyCoordination(SqlCoordination):
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> Iterator[str]:
+def url(tmp_path: Path) -> str:
     database = f"sqlite:///{tmp_path / 'warmer.db'}"
     upgrade_database(database)
-    yield database
+    return database
 
 
 def ownership(
@@ -120,18 +119,23 @@ def test_trust_follows_the_holder_and_its_acquisition(url: str) -> None:
 
 def test_stopping_gives_every_lease_back_at_once(url: str) -> None:
     clock = FakeClock()
-    leaving, _ = ownership(url, clock, "leaving")
     staying, _ = ownership(url, clock, "staying")
 
-    async def run_then_stop() -> None:
+    async def run_then_stop() -> BoxOwnership:
         stopping = asyncio.Event()
-        task = asyncio.create_task(leaving.run(stopping))
-        while leaving.beats == 0:
-            await asyncio.sleep(0.01)
-        stopping.set()
-        await task
+        leaving = BoxOwnership(
+            coordination=SqlCoordination(SqlStore.from_url(url, now=clock.now)),
+            clock=clock,
+            config=CONFIG,
+            fleet=lambda: BOXES,
+            replica_id="leaving",
+            on_change=lambda gained, _lost: stopping.set() if gained else None,
+        )
+        await leaving.run(stopping)  # its first heartbeat takes every box, then it stops
+        return leaving
 
-    asyncio.run(run_then_stop())
+    leaving = asyncio.run(run_then_stop())
+
     assert leaving.owned() == frozenset()
     asyncio.run(staying.beat())
     assert staying.owned() == set(BOXES)

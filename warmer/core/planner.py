@@ -140,6 +140,11 @@ class Observed:
     suspect_boxes: frozenset[str] = frozenset()  # hit rate says something was evicted: probe warm prefixes
     trusted_after: float = 0.0  # records verified before this (e.g. the daemon's start) get re-probed
     # ... and a `warming` row last written before it is an earlier daemon's, abandoned at once
+    # per box, where it differs (several replicas: since this replica took the box's lease)
+    trusted_after_by_box: Mapping[str, float] = field(default_factory=dict)
+
+    def trusted_since(self, box_id: str) -> float:
+        return self.trusted_after_by_box.get(box_id, self.trusted_after)
 
 
 # ---------------------------------------------------------------------------------------------- actions
@@ -406,8 +411,8 @@ def _plan_box(
     for prefix_hash in sorted(current):
         held = current[prefix_hash]
         if held.state is WarmState.WARMING:
-            if prefix_hash not in busy and held.updated_at < observed.trusted_after:
-                # an earlier daemon's warm: no task of this process will ever finish it
+            if prefix_hash not in busy and held.updated_at < observed.trusted_since(box_id):
+                # an earlier daemon's (or lease holder's) warm: no task of this process will ever finish it
                 bookkeeping.append(
                     AbandonWarm(box_id, epoch, prefix_hash, "left warming by an earlier daemon")
                 )
@@ -443,7 +448,7 @@ def _plan_box(
             candidates.append((_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, touch, stale))
             continue
         verified = record.verified_at if record.verified_at is not None else -math.inf
-        if verified < observed.trusted_after:
+        if verified < observed.trusted_since(box_id):
             probe = ProbePrefix(box_id, epoch, prefix_hash, tokens, ProbeReason.UNTRUSTED, agents)
             candidates.append((_PROBE_RANK, verified, prefix_hash, probe, None))
         elif box_id in observed.suspect_boxes and now - verified >= config.probe_min_interval_seconds:
