@@ -1,7 +1,7 @@
 """A real HTTP server in front of a llama-server box that records every request and misbehaves on command.
 
 warmer's config points at the proxy; the proxy forwards to the engine. What it records is what reached the
-engine (the engine's own log is checked against it: `engine_request_lines`), so tests count warms per
+engine (the engine's own log is checked against it: `engine_completion_tasks`), so tests count warms per
 (box, prefix) and restart warm-ups per box on the engine side, whatever warmer believes it sent.
 
 Modes (`set_mode`), applied to the completion endpoints only unless `paths` says otherwise, so `/health`
@@ -289,10 +289,10 @@ class EngineProxy:
         return response
 
 
-_REQUEST_LINE = re.compile(r"request: (?P<method>[A-Z]+) (?P<path>/\S*) \S+ (?P<status>\d{3})")
+_TASK_LINE = re.compile(r"launch_slot_: .*processing task")
 
 
-def engine_request_lines(log_path: Path, path: str = "/completion") -> int:
-    """How many requests for `path` llama-server's own log says it answered (its `log_server_r` lines)."""
-    text = log_path.read_text(errors="replace")
-    return sum(1 for match in _REQUEST_LINE.finditer(text) if match["path"] == path)
+def engine_completion_tasks(log_path: Path) -> int:
+    """How many completion tasks llama-server's own log says it ran (`launch_slot_with_task` logs one
+    `launch_slot_: ... processing task` line per completion request), over every process that wrote it."""
+    return len(_TASK_LINE.findall(log_path.read_text(errors="replace")))
