@@ -147,6 +147,8 @@ class BoxOwnership:
         """Until the next heartbeat: `renew_seconds`, or sooner (not before a short pause) when woken, and
         never past the moment the held leases lapse locally (so a lapse is reported on time)."""
         renew = self._config.renew_seconds
+        if self.owned():  # wake when the held leases lapse locally, to report the loss on time
+            renew = max(0.0, min(renew, self._valid_until - self._clock.monotonic()))
         woken = asyncio.ensure_future(self._wake.wait())
         try:
             done, _ = await asyncio.wait((woken, stop), timeout=renew, return_when=asyncio.FIRST_COMPLETED)
