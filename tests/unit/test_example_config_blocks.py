@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from warmer.config.settings import CapacitySettings, DialerSettings, HitRateSettings
+from warmer.config.settings import CapacitySettings, DialerSettings, HitRateSettings, ReplicaSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
 
@@ -37,7 +37,12 @@ def _commented_block(table: str) -> str:
 
 @pytest.mark.parametrize(
     ("table", "section"),
-    [("hitrate", HitRateSettings), ("dialer", DialerSettings), ("capacity", CapacitySettings)],
+    [
+        ("hitrate", HitRateSettings),
+        ("dialer", DialerSettings),
+        ("capacity", CapacitySettings),
+        ("replicas", ReplicaSettings),
+    ],
 )
 def test_commented_block_validates_and_shows_the_defaults(table: str, section: type[BaseModel]) -> None:
     values = tomllib.loads(_commented_block(table))[table]

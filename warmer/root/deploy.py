@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec
-from warmer.ports import Clock, StorePort
+from warmer.ports import Clock, CoordinationPort, StorePort
 from warmer.service.deploy import DeployService, FleetControl, WebhookConfig
 
 
@@ -27,6 +27,7 @@ def build_deploy_service(
     fleet: Callable[[], FleetControl | None],
     clock: Clock,
     on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
+    shared: Callable[[], CoordinationPort | None] | None = None,
 ) -> DeployService:
     return DeployService(
         store=store,
@@ -34,4 +35,5 @@ def build_deploy_service(
         config=webhook_config(settings),
         fleet=fleet,
         on_fleet_change=on_fleet_change,
+        shared=shared,
     )
