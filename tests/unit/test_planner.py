@@ -24,12 +24,10 @@ from warmer.core.planner import (
     WarmPrefix,
     WarmReason,
     WarmupStatus,
-    agent_warmth,
-    box_ready,
     keepalive_due_at,
     plan,
-    routes,
 )
+from warmer.core.readiness import agent_warmth, box_ready, routes
 
 PLAIN = ModelProfile(name="plain", engine=EngineKind.LLAMACPP, keepalive_seconds=240.0)
 HYBRID = ModelProfile(name="hybrid", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=3)

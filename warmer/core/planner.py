@@ -3,7 +3,8 @@
 `plan(desired, observed, now, config)` is pure and idempotent in spirit: feed it the same world twice and it
 asks for the same things, so a missed event or a daemon restart only delays a fix by one tick. The executor
 (a service) carries out the actions in order and reports results back as warm-state events
-(`warmer.core.warmstate`). Readiness (`box_ready`) and routing (`routes`) are pure answers over the same data.
+(`warmer.core.warmstate`). Readiness and routing are pure answers over the same data
+(`warmer.core.readiness`).
 
 Order of work per box: restart warm-up of the current epoch first (no prefix warm before it is done), then
 prefixes of agents with pre-call asks, then active campaigns, then other active agents, then keepalive
@@ -16,11 +17,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from warmer.core.model import BoxSpec, Campaign, ModelProfile, WarmRecord, WarmState
-from warmer.core.warmstate import RetryBackoff, is_serving, retry_at
+from warmer.core.warmstate import RetryBackoff, retry_at
 
 # ----------------------------------------------------------------------------------------------- inputs
 
@@ -309,7 +310,7 @@ _PROBE_RANK = 5
 
 
 @dataclass(slots=True)
-class _Want:
+class WantedPrefix:
     """One (box, prefix) we want kept warm, merged over the agents that share it."""
 
     prefix: PrefixRef
@@ -317,15 +318,16 @@ class _Want:
     agent_ids: list[str]
 
 
-def _wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, _Want]]:
-    wanted: dict[str, dict[str, _Want]] = {}
+def wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, WantedPrefix]]:
+    """Box -> prefix hash -> what is wanted there: the assignment of the active agents."""
+    wanted: dict[str, dict[str, WantedPrefix]] = {}
     for agent_id, reason in active.items():
         prefix = desired.agents[agent_id]
         for box_id in desired.assignment.get(agent_id, ()):
             per_box = wanted.setdefault(box_id, {})
             want = per_box.get(prefix.hash)
             if want is None:
-                per_box[prefix.hash] = _Want(prefix, reason, [agent_id])
+                per_box[prefix.hash] = WantedPrefix(prefix, reason, [agent_id])
             else:
                 want.agent_ids.append(agent_id)
                 if _REASON_RANK[reason] < _REASON_RANK[want.reason]:
@@ -340,7 +342,7 @@ def plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig
     """Everything worth doing now, highest priority first, within each box's warm budget."""
     actions: list[Action] = []
     buckets: dict[str, TokenBucket] = dict(observed.buckets)
-    wanted = _wanted_by_box(desired, active_agents(desired, now, config))
+    wanted = wanted_by_box(desired, active_agents(desired, now, config))
     records_by_box: dict[str, list[WarmRecord]] = {}
     for record in observed.warm.values():
         records_by_box.setdefault(record.box_id, []).append(record)
@@ -393,7 +395,7 @@ class _BoxView:
 
 def _plan_box(
     view: _BoxView,
-    wants: Mapping[str, _Want],
+    wants: Mapping[str, WantedPrefix],
     observed: Observed,
     bucket: TokenBucket,
     budget: WarmBudget,
@@ -465,108 +467,3 @@ def _plan_box(
         slots -= 1
         chosen.append(action)
     return bookkeeping + chosen, bucket
-
-
-# ---------------------------------------------------------------------------------- readiness and routes
-
-
-@dataclass(frozen=True, slots=True)
-class BoxReadiness:
-    ready: bool
-    reasons: tuple[str, ...]  # why not ready (empty when ready)
-    since: float | None  # when the current ready stretch began, when ready
-
-
-def box_ready(
-    box_id: str, desired: Desired, observed: Observed, now: float, config: PlannerConfig
-) -> BoxReadiness:
-    """Ready: healthy, restart warm-up of this epoch done, every kept-warm prefix here believed warm."""
-    seen = observed.boxes.get(box_id)
-    if seen is None or not seen.healthy or seen.epoch is None:
-        return BoxReadiness(False, ("unhealthy",), None)
-    if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
-        return BoxReadiness(False, (f"restart warm-up {seen.warmup.value}",), None)
-    if seen.draining:
-        routing = desired.routing if desired.routing is not None else desired.assignment
-        if not any(box_id in group for group in routing.values()):
-            return BoxReadiness(False, ("drained for a rollout",), None)
-    since = seen.warmup_finished_at
-    wants = _wanted_by_box(desired, active_agents(desired, now, config)).get(box_id, {})
-    reasons: list[str] = []
-    for prefix_hash in sorted(wants):
-        record = observed.warm.get((box_id, seen.epoch, prefix_hash))
-        if record is None or not is_serving(record):
-            state = record.state.value if record is not None else WarmState.COLD.value
-            agents = ", ".join(sorted(wants[prefix_hash].agent_ids))
-            reasons.append(f"agent {agents}: prefix {prefix_hash} {state}")
-        elif record.warmed_at is not None:
-            since = max(since, record.warmed_at)
-    if reasons:
-        return BoxReadiness(False, tuple(reasons), None)
-    return BoxReadiness(True, (), since)
-
-
-def ramp_weight(since: float, now: float, config: PlannerConfig) -> float:
-    """A small slice right after becoming warm, rising linearly to full weight over the ramp."""
-    if config.ramp_seconds <= 0:
-        return 1.0
-    elapsed = max(0.0, now - since)
-    if elapsed >= config.ramp_seconds:
-        return 1.0
-    initial = config.ramp_initial_weight
-    return initial + (1.0 - initial) * elapsed / config.ramp_seconds
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    box_id: str
-    weight: float  # (0, 1]: ramp fraction of full weight
-
-
-def agent_warmth(desired: Desired, observed: Observed) -> dict[tuple[str, str], bool]:
-    """(box, agent) -> whether the agent's current prefix is believed warm in the box's current epoch on a
-    healthy box, for every box the agent should be warm on or routed to (so a 0 always means missing
-    warmth, never a pair nobody wants)."""
-    routing = desired.routing if desired.routing is not None else desired.assignment
-    result: dict[tuple[str, str], bool] = {}
-    for agent_id, prefix in desired.agents.items():
-        for box_id in (*desired.assignment.get(agent_id, ()), *routing.get(agent_id, ())):
-            seen = observed.boxes.get(box_id)
-            record = None
-            if seen is not None and seen.healthy and seen.epoch is not None:
-                record = observed.warm.get((box_id, seen.epoch, prefix.hash))
-            result[(box_id, agent_id)] = record is not None and is_serving(record)
-    return result
-
-
-def routes(
-    desired: Desired,
-    observed: Observed,
-    now: float,
-    config: PlannerConfig,
-    *,
-    only: Collection[str] | None = None,
-) -> dict[str, tuple[Route, ...]]:
-    """Per agent, in spill order: only boxes of its routing group where ITS prefix is believed warm in the
-    box's current epoch after that epoch's restart warm-up; a box losing either drops out at once.
-
-    `only` limits the answer to those agents (unknown ones are left out): a pre-call ask needs one agent's
-    routes, not a pass over every agent of the fleet."""
-    routing = desired.routing if desired.routing is not None else desired.assignment
-    agents = desired.agents if only is None else {a: desired.agents[a] for a in only if a in desired.agents}
-    result: dict[str, tuple[Route, ...]] = {}
-    for agent_id, prefix in agents.items():
-        found: list[Route] = []
-        for box_id in routing.get(agent_id, ()):
-            seen = observed.boxes.get(box_id)
-            if seen is None or not seen.healthy or seen.epoch is None:
-                continue
-            if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
-                continue
-            record = observed.warm.get((box_id, seen.epoch, prefix.hash))
-            if record is None or not is_serving(record) or record.warmed_at is None:
-                continue
-            since = max(seen.warmup_finished_at, record.warmed_at)
-            found.append(Route(box_id, ramp_weight(since, now, config)))
-        result[agent_id] = tuple(found)
-    return result

@@ -16,7 +16,8 @@ from warmer.core.errors import WarmerError
 from warmer.core.lint import DEFAULT_DRIFT_THRESHOLD
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import Desired, Observed, PlannerConfig, Route, WarmKey, WarmupStatus, routes
+from warmer.core.planner import Desired, Observed, PlannerConfig, WarmKey, WarmupStatus
+from warmer.core.readiness import Route, routes
 
 
 class UnknownAgent(WarmerError):

@@ -61,18 +61,15 @@ from warmer.core.planner import (
     PrefixRef,
     ProbePrefix,
     Retire,
-    Route,
     RunRestartWarmup,
     TokenBucket,
     WarmKey,
     WarmPrefix,
     WarmupStatus,
-    agent_warmth,
-    box_ready,
     plan,
     refill,
-    routes,
 )
+from warmer.core.readiness import Route, agent_warmth, box_ready, routes
 from warmer.core.warmstate import (
     IllegalTransition,
     KeepaliveDue,

@@ -1,5 +1,8 @@
 """Deploy webhook payloads: one model per event kind, validated with field paths in every error.
 
+They sit in `config` beside the settings they reuse (`BoxSettings` for `box.added`): validated pydantic
+input, which the pure core (`warmer.core.webhook`: signatures and the URL rule) must not hold.
+
 Every event carries `id` (idempotency key: a repeat is acknowledged and changes nothing) and
 `occurred_at` (RFC 3339 or unix seconds). Kinds:
 
