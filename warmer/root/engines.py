@@ -1,7 +1,7 @@
 """Composition of engine traffic: one shared httpx client, one adapter per engine kind, one dispatcher.
 
-Everything is built from settings (timeouts, retry policy, per-box warm concurrency) and the configured
-boxes, so the daemon and one-off CLI commands talk to engines the same way, and only to registered boxes.
+Everything is built from settings (timeouts, retry policy) and the configured boxes, so the daemon and
+one-off CLI commands talk to engines the same way, and only to registered boxes.
 """
 
 from __future__ import annotations
@@ -64,8 +64,4 @@ def build_engine_dispatcher(
             client, timeouts=timeouts, retry=retry, served_models=served
         ),
     }
-    return EngineDispatcher(
-        engines,
-        warm_concurrency_per_box=settings.reconcile.max_concurrent_warms_per_box,
-        boxes=boxes,
-    )
+    return EngineDispatcher(engines, boxes=boxes)
