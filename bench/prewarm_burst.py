@@ -53,6 +53,7 @@ from warmer.service.prewarm import PrewarmService, ReconcilerBackend
 from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
 from warmer.service.reconciler import Reconciler
 from warmer.service.warming import WarmExecutor
+from warmer.testing import is_probe
 
 PREFIX_TOKENS = 1500
 PROFILE = ModelProfile(
@@ -93,7 +94,7 @@ class TimedEngine:
         rank: int | None = None,
     ) -> CompletionReport:
         assert prefix.token_ids is not None
-        (self.probes if suffix.startswith("\n#probe") else self.warms)[box.id] += 1
+        (self.probes if is_probe(suffix) else self.warms)[box.id] += 1
         async with self.slots[box.id]:
             hit = prefix.token_ids in self.caches[box.id]
             await asyncio.sleep(0.001 if hit else self.warm_seconds)
