@@ -739,5 +739,6 @@ def test_a_pre_call_ask_for_a_warm_agent_does_not_wake_the_loop(store_url: str) 
         cold = await w.reconciler.ensure_warm("support", wait_seconds=0.0)
         assert not cold.routed
         assert w.reconciler._wake.is_set()
+        await w.reconciler.drain()  # the warm the cold ask started
 
     asyncio.run(scenario())
