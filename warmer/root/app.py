@@ -2,8 +2,8 @@
 from settings; `Daemon.run()` prepares the database, then supervises the named root tasks until a signal.
 
 Everything I/O is created here and nowhere else, and every piece is injectable (store factory, database
-preparation, HTTP transport) so tests swap real parts for fakes at our own seams. Later features add their
-root tasks with `daemon.supervisor.add(name, task)` and their API needs as `ApiServices` fields.
+preparation, HTTP transport) so tests swap real parts for fakes at our own seams. Root tasks are added with
+`daemon.supervisor.add(name, task)`, and what the API needs as `ApiServices` fields.
 """
 
 from __future__ import annotations
