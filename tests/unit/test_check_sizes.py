@@ -12,7 +12,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_sizes.py"
 
 def checker() -> ModuleType:
     spec = importlib.util.spec_from_file_location("check_sizes", SCRIPT)
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -29,10 +30,12 @@ def test_a_long_module_passes_only_with_a_size_line_in_its_docstring(tmp_path: P
     (package / "core").mkdir(parents=True)
     filler = "".join(f"X{n} = {n}\n" for n in range(check.MODULE_LINES))
     (package / "big.py").write_text('"""Big."""\n' + filler)
-    (package / "reasoned.py").write_text('"""Reasoned.\n\nSize: one table, read top to bottom.\n"""\n' + filler)
+    reasoned = '"""Reasoned.\n\nSize: one table, read top to bottom.\n"""\n'
+    (package / "reasoned.py").write_text(reasoned + filler)
     (package / "small.py").write_text('"""Small."""\nX = 1\n')
     found = check.problems(package, package / "core")
-    assert found == [f"warmer/big.py: {check.MODULE_LINES + 1} lines (over 400) and no `Size:` line in its docstring"]
+    lines = check.MODULE_LINES + 1
+    assert found == [f"warmer/big.py: {lines} lines (over 400) and no `Size:` line in its docstring"]
 
 
 def test_long_functions_are_found_in_the_core_only_methods_and_nested_ones_included(tmp_path: Path) -> None:
