@@ -46,8 +46,9 @@ from warmer.core.model import (
     WarmState,
 )
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
 from warmer.core.readiness import Route
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import SystemClock
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
 from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig

@@ -24,7 +24,8 @@ from warmer.core.model import (
     RestartRecipe,
 )
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver, ReconcilerConfig
 from warmer.service.reconciler import Reconciler
 from warmer.testing import is_probe

@@ -34,7 +34,8 @@ from warmer.adapters.store import SqlStore
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.metrics import ReconcileMetrics
 from warmer.service.reconcile_types import UnknownAgent
 from warmer.service.restart import RestartWarmup, burst_levels

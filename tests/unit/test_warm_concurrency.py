@@ -12,7 +12,8 @@ from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.store import SqlStore
 from warmer.core.model import BoxSpec, CompletionReport, EngineKind, Prefix
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.reconcile_types import ReconcilerConfig
 from warmer.service.reconciler import Reconciler
 
