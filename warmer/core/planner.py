@@ -2,14 +2,15 @@
 
 `plan(desired, observed, now, config)` is pure and idempotent in spirit: feed it the same world twice and it
 asks for the same things, so a missed event or a daemon restart only delays a fix by one tick. The executor
-(a service) carries out the actions (`warmer.core.plan_actions`) in order and reports results back as warm-state events
-(`warmer.core.warmstate`). Readiness and routing are pure answers over the same data
+(a service) carries out the actions (`warmer.core.plan_actions`) in order and reports results back as
+warm-state events (`warmer.core.warmstate`). Readiness and routing are pure answers over the same data
 (`warmer.core.readiness`).
 
 Order of work per box: restart warm-up of the current epoch first (no prefix warm before it is done), then
 prefixes of agents with pre-call asks, then active campaigns, then other active agents, then keepalive
 touches, then probes. A per-box warm budget (concurrent requests, uncached tokens per second as a token
-bucket: `warmer.core.warm_budget`) is never exceeded by a plan, and each (box, prefix) gets at most one warm in flight.
+bucket: `warmer.core.warm_budget`) is never exceeded by a plan, and each (box, prefix) gets at most one
+warm in flight.
 """
 
 from __future__ import annotations
