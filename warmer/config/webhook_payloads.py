@@ -33,7 +33,8 @@ from pydantic import (
     field_validator,
 )
 
-from warmer.config.settings import BoxSettings, validation_problems
+from warmer.config.fleet_settings import BoxSettings
+from warmer.config.settings import validation_problems
 from warmer.core.jsonbody import JsonBodyRejected, parse_json_body
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent

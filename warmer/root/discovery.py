@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from warmer.adapters.discovery import KubernetesPods, PodTemplate
-from warmer.config.settings import KubernetesDiscoverySettings
+from warmer.config.fleet_settings import KubernetesDiscoverySettings
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.root.engines import SystemClock
 from warmer.root.http import http_client
