@@ -18,8 +18,8 @@ from tests.unit.engine_shapes import (
     openai_completion,
     run,
 )
-from warmer.adapters.engines.base import box_url
 from warmer.adapters.engines.dispatch import EngineDispatcher
+from warmer.adapters.engines.http import box_url
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported

@@ -16,7 +16,7 @@ from tests.unit.engine_shapes import (
     openai_completion,
     run,
 )
-from warmer.adapters.engines.base import EngineRejected
+from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import EngineKind, ModelProfile, Prefix
