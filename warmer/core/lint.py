@@ -18,15 +18,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from warmer.core.agents import (
-    AgentSpec,
-    DynamicTail,
-    PlaceholderSite,
-    build_request,
-    placeholder_sites,
-    sample_values,
-    with_values_frozen_in_static,
-)
+from warmer.core.agent_requests import build_request, sample_values, with_values_frozen_in_static
+from warmer.core.agents import AgentSpec, DynamicTail, PlaceholderSite, placeholder_sites
 from warmer.core.errors import ConfigError
 from warmer.core.model import prefix_hash
 from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
