@@ -30,18 +30,11 @@ from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError, StoreUnavailable
-from warmer.core.lint import (
-    AgentLint,
-    Finding,
-    SpecPlace,
-    TokenCountObservation,
-    detect_tokenizer_drift,
-    lint_agent,
-    shared_prefixes,
-)
+from warmer.core.lint import AgentLint, Finding, SpecPlace, lint_agent, shared_prefixes
 from warmer.core.lint_report import LocatedFinding, github_annotations, locate_finding, sarif_log
 from warmer.core.model import ModelProfile, prefix_hash
 from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
+from warmer.core.tokenizer_drift import TokenCountObservation, detect_tokenizer_drift
 
 PromptToolsFactory = Callable[[ModelProfile], tuple[RenderFn, TokenizeFn]]
 

@@ -39,7 +39,6 @@ from warmer.adapters.store.tables import (
     WebhookEventRow,
 )
 from warmer.core.errors import StoreError, StoreUnavailable
-from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -51,6 +50,7 @@ from warmer.core.model import (
     WarmState,
     prefix_hash,
 )
+from warmer.core.tokenizer_drift import TokenCountObservation
 
 T = TypeVar("T")
 
