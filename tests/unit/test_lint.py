@@ -23,7 +23,8 @@ from tests.unit.prompt_helpers import (
 )
 from tests.unit.test_prefix import TOOLS_AFTER_SYSTEM
 from warmer.cli import main
-from warmer.cli.prompts import PROMPT_TOOLS_KEY, lint_command, render_command
+from warmer.cli.lint import lint_command
+from warmer.cli.prompts import PROMPT_TOOLS_KEY, render_command
 from warmer.config.agents import load_agent_specs
 from warmer.core.agents import AgentSpec, FewShotMessage
 from warmer.core.chat_template import ChatTemplate
