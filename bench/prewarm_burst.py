@@ -49,8 +49,7 @@ from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig, Route, WarmBudget
 from warmer.root.engines import SystemClock
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
-from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
 from warmer.service.warming import WarmExecutor
 
 PREFIX_TOKENS = 1500
@@ -252,13 +251,13 @@ async def run(asks: int, box_count: int, warm_seconds: float) -> None:
             # Bring the boxes up (restart warm-up) without warming the prefix: new epoch right after.
             for _ in range(3):
                 await reconciler.tick()
-                await reconciler.drain()
+                await reconciler.wait_idle()
             engine.generation += 1  # a fleet restart: every cache cold, warm-ups again
             for box_id in box_ids:
                 engine.caches[box_id].clear()
             stopping = asyncio.Event()
             await reconciler.tick()  # sees the new epochs; the restart warm-ups start
-            await reconciler.drain()
+            await reconciler.wait_idle()
             engine.warms.clear()
             engine.probes.clear()
             loop = asyncio.create_task(reconciler.run(stopping))

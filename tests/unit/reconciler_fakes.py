@@ -25,8 +25,7 @@ from warmer.core.model import (
 )
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig, WarmBudget
-from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver, ReconcilerConfig
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import ComputedPrefix, ReconcileObserver, Reconciler, ReconcilerConfig
 
 PREFIX_TOKENS = 500
 PROFILE = ModelProfile(
@@ -279,7 +278,7 @@ async def settle(reconciler: Reconciler, rounds: int = 10) -> None:
     """Tick and let every started action finish, a bounded number of times (no sleeping)."""
     for _ in range(rounds):
         await reconciler.tick()
-        await reconciler.drain()
+        await reconciler.wait_idle()
     await reconciler.tick()
 
 

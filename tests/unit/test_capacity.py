@@ -55,9 +55,8 @@ from warmer.service.capacity import (
     PrefillCeilings,
 )
 from warmer.service.hitrate_monitor import HitRateConfig, HitRateMonitor
-from warmer.service.reconcile_types import ReconcilerConfig
-from warmer.service.reconciler import Reconciler
-from warmer.service.restart import RestartWarmup, long_prefill_target
+from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.restart_warmup import RestartWarmup, long_prefill_target
 
 BOX = BoxSpec(id="b1", base_url="http://b1:8080", engine=EngineKind.LLAMACPP, model="m")
 

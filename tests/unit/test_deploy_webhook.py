@@ -147,7 +147,7 @@ def test_a_prompt_change_is_warmed_on_the_agents_boxes_before_routes_switch(hook
         assert sorted(r.box_id for r in snapshot.routes()["sales"]) == ["b1", "b2"]
         assert hook.engine.gate is not None
         hook.engine.gate.set()
-        await hook.reconciler.drain()
+        await hook.reconciler.wait_idle()
 
     asyncio.run(first_tick())
     hook.engine.gate = None

@@ -12,7 +12,7 @@ from dataclasses import replace
 from tests.unit.reconciler_fakes import FakeClock, World, route_boxes, settle, world
 from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord, WarmRecord, WarmState
 from warmer.core.warmstate import RetryBackoff
-from warmer.service.reconcile_types import NullObserver
+from warmer.service.reconciler import NullObserver
 from warmer.service.status import StatusService
 
 

@@ -50,7 +50,7 @@ from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.gateway_sync import GatewaySync
 from warmer.service.hitrate_monitor import HitRateMonitor
 from warmer.service.reconciler import Reconciler
-from warmer.service.restart import RestartWarmup
+from warmer.service.restart_warmup import RestartWarmup
 from warmer.service.status import (
     AgentRoutes,
     BoxView,

@@ -18,7 +18,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.model import ModelProfile
 from warmer.core.planner import PlannerConfig, WarmBudget
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
-from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
+from warmer.service.reconciler import ComputedPrefix, ReconcilerConfig
 
 # Smallest uncached-token bucket per box: one long prefix must fit from a full bucket without debt.
 MIN_BURST_TOKENS = 20000.0

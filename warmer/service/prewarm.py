@@ -29,8 +29,7 @@ from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, WarmState
 from warmer.core.planner import Route
 from warmer.ports import Clock
-from warmer.service.reconcile_types import UnknownAgent
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import Reconciler, UnknownAgent
 
 DEFAULT_MAX_WAIT_SECONDS = 10.0
 

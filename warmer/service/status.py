@@ -16,8 +16,7 @@ from warmer.core.errors import WarmerError
 from warmer.core.model import PhaseRecord, WarmState
 from warmer.core.planner import Route, box_ready, ramp_weight
 from warmer.ports import StorePort
-from warmer.service.reconcile_types import Snapshot
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import Reconciler, Snapshot
 
 
 class StatusUnavailable(WarmerError):

@@ -1,7 +1,6 @@
 """Raising tokenizer drift when an agent's prefix is (re)computed.
 
-Kept out of the reconciler's loop because it only needs the store's token-count history, a threshold and
-somewhere to report: the pure comparison is `warmer.core.lint`; this is the part that reads the history,
+The pure comparison is `warmer.core.lint`; this is the part that reads the store's token-count history,
 logs, writes the event and counts it.
 """
 
@@ -13,7 +12,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.lint import TokenCountObservation, detect_tokenizer_drift, drift_baseline
 from warmer.core.model import LoggedEvent, prefix_hash
 from warmer.ports import StorePort
-from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver
+from warmer.service.reconciler.types import ComputedPrefix, ReconcileObserver
 
 EVENT_TOKENIZER_DRIFT = "tokenizer_drift"
 

@@ -1,8 +1,8 @@
 """The reconciler's vocabulary: its configuration, what it asks of its collaborators (prefix source,
 metrics observer) and the values it hands out (snapshots, readiness reports, pre-call answers).
 
-Kept apart from `warmer.service.reconciler` so the loop's module is only the loop, and so callers that
-need just these types (the root, status, prewarm, tests, benchmarks) can read them on one page.
+On one page so callers that need just these types (the root, status, prewarm, tests, benchmarks) read
+them without the loop; `warmer.service.reconciler` re-exports them.
 """
 
 from __future__ import annotations
