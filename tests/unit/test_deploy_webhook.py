@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from tests.unit.reconciler_fakes import FakeClock, FakeEngine, SpecTextPrefixSource, agent, settle, world
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxSpec, WarmState
 from warmer.core.webhook import SIGNATURE_HEADER, BoxUrlPolicy, sign_body
 from warmer.service.deploy import DeployResult, DeployService, WebhookConfig, rollout_epoch_tag
@@ -242,9 +243,29 @@ def test_box_added_must_pass_the_allowlist_and_box_removed_leaves_the_fleet(hook
     assert hook.registered[-1] == ["b1", "b2"]
     hook.settle()
     assert hook.routes()[1] == ["b1", "b2"]
-    kinds = hook.events()
-    assert ("fleet_box_added", "b3") in kinds
-    assert ("fleet_box_removed", "b3") in kinds
+    # One row per fact, the store's, whatever added the box (oldest first here); the deploy event row
+    # names its cause.
+    rows = list(reversed(asyncio.run(hook.store.events(limit=10_000))))
+    fleet = [
+        (e.kind, e.detail) for e in rows if e.box_id == "b3" and e.kind.startswith(("box_add", "box_rem"))
+    ]
+    added = {
+        "base_url": "http://10.0.9.3:8080",
+        "engine": "llamacpp",
+        "model": "m",
+        "slots": 2,
+        "group": "",
+    }
+    assert fleet == [
+        (EventKind.BOX_ADDED, added),
+        (EventKind.BOX_REMOVED, {"base_url": "http://10.0.9.3:8080"}),
+    ]
+    assert not [e for e in rows if e.kind.startswith("fleet_")]
+    deploys = [e.detail for e in rows if e.kind == EventKind.DEPLOY_EVENT]
+    assert [(d["event_id"], d.get("box_id")) for d in deploys if d.get("box_id")] == [
+        ("add-1", "b3"),
+        ("rm-1", "b3"),
+    ]
 
 
 # ------------------------------------------------------------------------------- rejected, nothing changes

@@ -47,16 +47,10 @@ from warmer.config.events import (
 )
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError, StoreError, WarmerError
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxSpec, LoggedEvent
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent, SignatureOutcome, verify_signature
 from warmer.ports import Clock, StorePort
-
-EVENT_DEPLOY_ACCEPTED = "deploy_event"
-EVENT_DEPLOY_REJECTED = "deploy_event_rejected"
-EVENT_BOX_DRAINED = "box_drained"
-EVENT_BOX_UNDRAINED = "box_undrained"
-EVENT_FLEET_BOX_ADDED = "fleet_box_added"
-EVENT_FLEET_BOX_REMOVED = "fleet_box_removed"
 
 
 class DeployOutcome(enum.StrEnum):
@@ -226,7 +220,7 @@ class DeployService:
                 await store.append_event(
                     LoggedEvent(
                         at=now,
-                        kind=EVENT_DEPLOY_REJECTED,
+                        kind=EventKind.DEPLOY_EVENT_REJECTED,
                         detail={"event_id": event.id, "event_kind": event.kind, "problems": problems},
                     )
                 )
@@ -234,7 +228,7 @@ class DeployService:
             await store.append_event(
                 LoggedEvent(
                     at=now,
-                    kind=EVENT_DEPLOY_ACCEPTED,
+                    kind=EventKind.DEPLOY_EVENT,
                     agent_id=event.agent_id if isinstance(event, AgentPromptChanged) else None,
                     detail={
                         "event_id": event.id,
@@ -300,7 +294,9 @@ class DeployService:
             control.drain_boxes(event.box_ids, reason)
             for box_id in event.box_ids:
                 await store.append_event(
-                    LoggedEvent(at=now, kind=EVENT_BOX_DRAINED, box_id=box_id, detail={"event_id": event.id})
+                    LoggedEvent(
+                        at=now, kind=EventKind.BOX_DRAINED, box_id=box_id, detail={"event_id": event.id}
+                    )
                 )
             return {"box_ids": list(event.box_ids)}
         if isinstance(event, RolloutFinished):
@@ -310,7 +306,7 @@ class DeployService:
                 await store.append_event(
                     LoggedEvent(
                         at=now,
-                        kind=EVENT_BOX_UNDRAINED,
+                        kind=EventKind.BOX_UNDRAINED,
                         box_id=box_id,
                         detail={"event_id": event.id, "epoch_tag": tag},
                     )
@@ -325,35 +321,12 @@ class DeployService:
             except WarmerError:
                 self._fleet_changed(before)
                 raise
-            await store.append_event(
-                LoggedEvent(
-                    at=now,
-                    kind=EVENT_FLEET_BOX_ADDED,
-                    box_id=box.id,
-                    detail={
-                        "event_id": event.id,
-                        "base_url": box.base_url,
-                        "engine": box.engine.value,
-                        "model": box.model,
-                        "slots": box.slots,
-                        "group": box.group,
-                    },
-                )
-            )
             return {"box_id": box.id, "base_url": box.base_url}
         assert isinstance(event, BoxRemoved)
         removed = control.fleet()[event.box_id]
         await control.remove_box(event.box_id)
         self._fleet_changed(list(control.fleet().values()))
-        await store.append_event(
-            LoggedEvent(
-                at=now,
-                kind=EVENT_FLEET_BOX_REMOVED,
-                box_id=event.box_id,
-                detail={"event_id": event.id, "base_url": removed.base_url},
-            )
-        )
-        return {"box_id": event.box_id}
+        return {"box_id": event.box_id, "base_url": removed.base_url}
 
     def _fleet_changed(self, boxes: Sequence[BoxSpec]) -> None:
         if self._on_fleet_change is not None:

@@ -18,6 +18,7 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import (
     BoxSpec,
     LoggedEvent,
@@ -63,8 +64,6 @@ from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import ReconcileObserver, ReconcilerConfig
 from warmer.service.restart_warmup import RestartOutcome, RestartWarmup
 from warmer.service.warming import WarmExecutor, WarmOutcome
-
-EVENT_RESTART_WARMUP = "restart_warmup"
 
 Waiter = asyncio.Future[WarmRecord | None]
 
@@ -234,7 +233,7 @@ class ActionRunner:
                 }
             await self._store.append_event(
                 LoggedEvent(
-                    at=now, kind=EVENT_RESTART_WARMUP, box_id=box.id, epoch=action.epoch, detail=detail
+                    at=now, kind=EventKind.RESTART_WARMUP, box_id=box.id, epoch=action.epoch, detail=detail
                 )
             )
             live.warmup_finished_at = now

@@ -16,6 +16,7 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError, WarmerError
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import LoggedEvent, ModelProfile, Prefix
 from warmer.core.planner import Desired, PrefixRef, Route
 from warmer.core.warmstate import is_serving
@@ -31,9 +32,6 @@ from warmer.service.reconciler.types import (
 )
 
 PENDING_AGENT_SUFFIX = "#pending"  # planner-only key for a staged prompt's prefix (never in routes)
-EVENT_PROMPT_STAGED = "prompt_staged"
-EVENT_PROMPT_REJECTED = "prompt_rejected"
-EVENT_PROMPT_CURRENT = "prompt_current"
 
 
 class PromptStaging:
@@ -108,7 +106,7 @@ class PromptStaging:
                     await self._store.append_event(
                         LoggedEvent(
                             at=now,
-                            kind=EVENT_PROMPT_REJECTED,
+                            kind=EventKind.PROMPT_REJECTED,
                             agent_id=agent_id,
                             detail={"spec_hash": spec.spec_hash, "error": str(exc)},
                         )
@@ -120,7 +118,7 @@ class PromptStaging:
                 await self._store.append_event(
                     LoggedEvent(
                         at=now,
-                        kind=EVENT_PROMPT_STAGED,
+                        kind=EventKind.PROMPT_STAGED,
                         agent_id=agent_id,
                         prefix_hash=computed.prefix.hash,
                         detail={"spec_hash": spec.spec_hash, "tokens": computed.prefix.token_count},
@@ -217,7 +215,7 @@ class PromptPromotion:
         await self._store.append_event(
             LoggedEvent(
                 at=now,
-                kind=EVENT_PROMPT_CURRENT,
+                kind=EventKind.PROMPT_CURRENT,
                 agent_id=agent_id,
                 prefix_hash=computed.prefix.hash,
                 detail={

@@ -13,13 +13,12 @@ from collections.abc import Mapping
 
 import structlog
 
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord
 from warmer.core.planner import Desired, Observed, PlannerConfig, agent_warmth, box_ready
 from warmer.core.warmstate import is_serving
 from warmer.ports import Clock, StorePort
 from warmer.service.reconciler.types import BoxLive, ReadyReport, ReconcileObserver
-
-EVENT_BOX_READY = "box_ready"
 
 
 def ready_detail(report: ReadyReport) -> dict[str, object]:
@@ -102,7 +101,9 @@ class ReadyReports:
                 )
             )
         await self._store.append_event(
-            LoggedEvent(at=now, kind=EVENT_BOX_READY, box_id=box_id, epoch=epoch, detail=ready_detail(report))
+            LoggedEvent(
+                at=now, kind=EventKind.BOX_READY, box_id=box_id, epoch=epoch, detail=ready_detail(report)
+            )
         )
         if report.resumed:
             # Not a time to ready: this daemon did not see the epoch start. Observing it would put a

@@ -25,14 +25,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 import structlog
 
 from warmer.core.errors import StoreError, WarmerError
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
-
-EVENT_BOX_UNHEALTHY = "box_unhealthy"
-EVENT_BOX_HEALTHY = "box_healthy"
 
 Health = tuple[bool, str | None, str | None]  # (healthy, epoch, why not)
 
@@ -122,7 +120,11 @@ class BoxHealth:
             if live.healthy:
                 self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
                 event = LoggedEvent(
-                    at=now, kind=EVENT_BOX_UNHEALTHY, box_id=box.id, epoch=live.epoch, detail={"error": error}
+                    at=now,
+                    kind=EventKind.BOX_UNHEALTHY,
+                    box_id=box.id,
+                    epoch=live.epoch,
+                    detail={"error": error},
                 )
                 self._event_later(event)
             live.healthy, live.health_error = False, error
@@ -132,7 +134,7 @@ class BoxHealth:
             return
         self._write_later((box.id, "epoch", epoch), functools.partial(self._store_epoch, box.id, epoch, now))
         if not live.healthy:
-            self._event_later(LoggedEvent(at=now, kind=EVENT_BOX_HEALTHY, box_id=box.id, epoch=epoch))
+            self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
         live.healthy, live.health_error = True, None
 
     async def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
