@@ -244,7 +244,7 @@ async def run(asks: int, box_count: int, warm_seconds: float) -> None:
         )
         # Warm-ups done, prefix computed, but no prefix on any box yet: tick once with a gated engine.
         await reconciler.start()
-        service = PrewarmService(ReconcilerBackend(lambda: reconciler, lambda: {"sales"}), clock)
+        service = PrewarmService(ReconcilerBackend(reconciler), clock)
         app = create_app(ApiServices(registry=CollectorRegistry(), readiness=ready, prewarm=service))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmer", timeout=60) as client:

@@ -102,12 +102,12 @@ def hook(tmp_path: Path) -> Hook:
         registered.append(sorted(box.id for box in fleet))
 
     service = DeployService(
-        store=lambda: store,
+        store=store,
         clock=clock,
         config=WebhookConfig(
             secrets=(SECRET,), tolerance_seconds=300.0, box_url_policy=BoxUrlPolicy(ALLOWED)
         ),
-        fleet=lambda: reconciler,
+        fleet=reconciler,
         on_fleet_change=on_fleet_change,
         on_result=results.append,
     )
@@ -375,27 +375,16 @@ def test_malformed_and_invalid_bodies_name_what_is_wrong(hook: Hook) -> None:
 
 def test_the_webhook_is_disabled_without_a_secret(hook: Hook) -> None:
     disabled = DeployService(
-        store=lambda: hook.store,
+        store=hook.store,
         clock=hook.clock,
         config=WebhookConfig(secrets=()),
-        fleet=lambda: hook.reconciler,
+        fleet=hook.reconciler,
     )
     hook.service = disabled
     response = hook.send(event("rollout.started", "x", box_ids=["b1"]))
     assert response.status_code == 503
     assert "webhook_secret" in response.json()["detail"]
     assert hook.routes()[1] == ["b1", "b2"]
-
-
-def test_no_reconciler_running_is_503_and_the_id_stays_unused(hook: Hook) -> None:
-    hook.service = DeployService(
-        store=lambda: hook.store,
-        clock=hook.clock,
-        config=WebhookConfig(secrets=(SECRET,)),
-        fleet=lambda: None,
-    )
-    assert hook.send(event("rollout.started", "later", box_ids=["b1"])).status_code == 503
-    assert asyncio.run(hook.store.remember_webhook("later", "rollout.started", "x", 0.0)) is True
 
 
 def test_a_newer_prompt_change_replaces_a_pending_one(hook: Hook) -> None:

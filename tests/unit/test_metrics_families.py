@@ -85,6 +85,7 @@ async def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
     daemon = build(
         Settings(database={"state_dir": str(tmp_path)}), store_factory=store, prepare=lambda _: None
     )
+    await daemon.open()  # the API is built over the open store
     metrics = daemon.metrics
 
     # the reconciler's observer (its own tests drive it through the real loop)
@@ -160,6 +161,7 @@ async def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
     assert value("warmer_engine_prompt_tokens_total", box=BOX.id, cached="true") == 500
     assert value("warmer_engine_prompt_tokens_total", box=BOX.id, cached="false") == 500
     assert value("warmer_warm_prompt_tokens_total", box=BOX.id) == 1200
+    await daemon.close()
 
 
 async def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None:
@@ -169,6 +171,7 @@ async def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None
     daemon = build(
         Settings(database={"state_dir": str(tmp_path)}), store_factory=store, prepare=lambda _: None
     )
+    await daemon.open()  # the API is built over the open store
     transport = httpx.ASGITransport(app=daemon.api)
     async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
         for box_id in ("x1", "x2", "x3"):
@@ -179,3 +182,4 @@ async def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None
     }
     assert "/v1/boxes/{box_id}/ready" in routes
     assert not any("x1" in route for route in routes)
+    await daemon.close()

@@ -8,8 +8,8 @@ Order of checks, and why:
    and nothing is written to the database for an unauthenticated request (it cannot grow the database);
 3. payload shape (`warmer.config.events`, and the agent spec for a prompt change) -> MALFORMED (not JSON) /
    INVALID (field paths); `box.added` must pass the operator's URL allowlist here;
-4. the reconciler must be running -> UNAVAILABLE (the sender retries; its id is not consumed); a database
-   that does not answer at any later step is UNAVAILABLE too (503 with the reason, never a 500);
+4. a database that does not answer at any later step -> UNAVAILABLE (503 with the reason, never a 500;
+   the sender retries);
 5. idempotency: the event id is remembered atomically in the store; a repeat (a retry, or a replay within
    the tolerance) is acknowledged as DUPLICATE and changes nothing;
 6. checks against the live fleet (unknown box ids, unknown agent or model) -> INVALID. The id is consumed
@@ -62,7 +62,7 @@ class DeployOutcome(enum.StrEnum):
     STALE = "stale"  # valid signature, timestamp outside the tolerance (replay)
     MALFORMED = "malformed"  # body is not a JSON object
     INVALID = "invalid"  # fields wrong, or naming boxes/agents the daemon does not have
-    UNAVAILABLE = "unavailable"  # the reconciler is not running (starting or stopping)
+    UNAVAILABLE = "unavailable"  # the database did not answer: nothing changed, the sender retries
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,10 +126,10 @@ class DeployService:
     def __init__(
         self,
         *,
-        store: Callable[[], StorePort | None],
+        store: StorePort,
         clock: Clock,
         config: WebhookConfig,
-        fleet: Callable[[], FleetControl | None],
+        fleet: FleetControl,
         on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
         on_result: Callable[[DeployResult], None] | None = None,
     ) -> None:
@@ -182,13 +182,8 @@ class DeployService:
                 spec = self._agent_spec(event)
             except ConfigError as exc:
                 return self._invalid(event, exc.problems)
-        control, store = self._fleet(), self._store()
-        if control is None or store is None:
-            return DeployResult(
-                DeployOutcome.UNAVAILABLE, "the reconciler is not running; retry", event.id, event.kind
-            )
         try:
-            return await self._remember_and_apply(body, event, spec, control, store)
+            return await self._remember_and_apply(body, event, spec, self._fleet, self._store)
         except StoreError as exc:  # the database blinked: nothing may be half-done silently, so say retry
             return DeployResult(
                 DeployOutcome.UNAVAILABLE, f"{_first_line(exc)}; retry later", event.id, event.kind

@@ -20,7 +20,7 @@ from warmer.service.reconciler import Reconciler, Snapshot
 
 
 class StatusUnavailable(WarmerError):
-    """The reconciler is not running yet (daemon starting) or any more (stopping): answer 503."""
+    """The API was built without box status (`ApiServices.status` unset): answer 503."""
 
 
 @dataclass(frozen=True, slots=True)
