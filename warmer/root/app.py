@@ -229,7 +229,9 @@ class Daemon:
         if not self.has_fleet:
             return
         self.supervisor.add("reconciler", reconciler.run)
-        self.supervisor.add("scheduler", functools.partial(run_timers, settings, reconciler.poke))
+        self.supervisor.add(
+            "scheduler", functools.partial(run_timers, settings, reconciler.poke, reconciler.poll_health)
+        )
         if dialer.schedule is not None:
             self.supervisor.add("schedule", dialer.run_schedule)
         assert monitor is not None  # built with the fleet

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import structlog
 
@@ -132,7 +133,12 @@ class ActionRunner:
             elif isinstance(action, WarmPrefix | ProbePrefix):
                 probe = isinstance(action, ProbePrefix)
                 self.start_engine_work(
-                    action.box_id, action.epoch, action.prefix_hash, str(action.reason), probe=probe
+                    action.box_id,
+                    action.epoch,
+                    action.prefix_hash,
+                    str(action.reason),
+                    probe=probe,
+                    agents=action.agent_ids,
                 )
 
     async def _apply(self, box_id: str, epoch: str, prefix_hash: str, event: WarmEvent, reason: str) -> None:
@@ -206,6 +212,12 @@ class ActionRunner:
         self._spawn(self._restart_task(action), f"restart-warmup:{action.box_id}")
 
     async def _restart_task(self, action: RunRestartWarmup) -> None:
+        with structlog.contextvars.bound_contextvars(
+            box=action.box_id, epoch=action.epoch, action="restart-warmup"
+        ):
+            await self._restart_warmup(action)
+
+    async def _restart_warmup(self, action: RunRestartWarmup) -> None:
         box = self._boxes[action.box_id]
         profile = self._profiles[box.model]
         outcome: RestartOutcome | None = None
@@ -263,9 +275,17 @@ class ActionRunner:
     # ------------------------------------------------------------------------------ warms and probes
 
     def start_engine_work(
-        self, box_id: str, epoch: str, prefix_hash: str, reason: str, *, probe: bool
+        self,
+        box_id: str,
+        epoch: str,
+        prefix_hash: str,
+        reason: str,
+        *,
+        probe: bool,
+        agents: Sequence[str] = (),
     ) -> Waiter:
-        """Send one warm (or probe) of (box, prefix) unless one is in flight; return the future to await."""
+        """Send one warm (or probe) of (box, prefix) unless one is in flight; return the future to await.
+        Every line logged while it runs carries the box, the prefix, the action and the prefix's agents."""
         key = (box_id, prefix_hash)
         waiter = self.in_flight.get(key)
         if waiter is not None:
@@ -277,12 +297,22 @@ class ActionRunner:
             if probe
             else self._warm(box_id, epoch, prefix_hash, reason)
         )
-        self._spawn(
-            self._engine_task(key, waiter, work), f"{'probe' if probe else 'warm'}:{box_id}:{prefix_hash}"
-        )
+        action = "probe" if probe else "warm"
+        context = {"box": box_id, "prefix": prefix_hash, "action": action, "agent": ",".join(agents) or None}
+        self._spawn(self._engine_task(key, waiter, work, context), f"{action}:{box_id}:{prefix_hash}")
         return waiter
 
     async def _engine_task(
+        self,
+        key: tuple[str, str],
+        waiter: Waiter,
+        work: Awaitable[WarmRecord | None],
+        context: dict[str, Any],
+    ) -> None:
+        with structlog.contextvars.bound_contextvars(**context):
+            await self._run_engine_work(key, waiter, work)
+
+    async def _run_engine_work(
         self, key: tuple[str, str], waiter: Waiter, work: Awaitable[WarmRecord | None]
     ) -> None:
         result: WarmRecord | None = None
@@ -347,6 +377,12 @@ class ActionRunner:
             return None
         live.prefix_engine_seconds += outcome.engine_seconds or 0.0
         live.prefix_requests += outcome.requests_sent
+        if kind == "probe" and not outcome.answered:
+            # Not an eviction: nothing is known of the cache. The record stays as it was (an untrusted one
+            # stays out of routes) and the planner probes it again on a later pass.
+            self._observer.warm_finished(box_id, kind, reason, "unknown", outcome.wall_seconds)
+            self._log.warning("probe could not ask the engine: state unchanged", reason=outcome.reason)
+            return record
         cached = outcome.cached_tokens if outcome.cached_tokens is not None else 0
         event: WarmEvent
         if kind == "warm":

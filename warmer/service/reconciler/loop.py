@@ -230,6 +230,7 @@ class Reconciler:
         now = self._clock.now()
         # observe
         await self._health.poll_all(list(self._boxes.values()), now)
+        await self._health.flush()  # a StoreError ends the pass; the view above already holds
         await self._catalogue.refresh(self._agents, self._profiles, now)
         await self._book.reload(self._health.current_epochs(), self._runner.in_flight)
         await self._promotion.refresh(now)
@@ -314,7 +315,9 @@ class Reconciler:
         return routes(desired, self._observed(for_routes=True), now, self._config.planner)
 
     def agent_routes(self, agent_id: str) -> tuple[Route, ...]:
-        """The agent's current routes (what `snapshot().routes()` holds for it), computed for it alone."""
+        """The agent's current routes (what `snapshot().routes()` holds for it), computed for it alone.
+        A lookup is traffic for the agent: a call is about to use the answer (`touch`)."""
+        self.touch(agent_id)
         desired = self._desired.current
         if desired is None:
             return ()
@@ -355,7 +358,8 @@ class Reconciler:
     # ------------------------------------------------------------------------------ signals and edits
 
     def touch(self, agent_id: str) -> None:
-        """Traffic for the agent: keep its prefix warm (idle agents stop being kept warm)."""
+        """Traffic for the agent (a route lookup, a pre-call ask): keep its prefix warm; agents idle longer
+        than `retire_idle_after_seconds` stop being kept warm."""
         self._activity.touch(agent_id, self._clock.now())
 
     def set_suspect(self, box_id: str, suspect: bool) -> None:
@@ -364,6 +368,22 @@ class Reconciler:
             return
         self._health.set_suspect(box_id, suspect)
         self.poke()
+
+    async def poll_health(self) -> None:
+        """The health timer's light path: poll every box's health and epoch and apply them to the view,
+        and wake a full pass only when something changed (a box went up or down, or restarted). A box
+        that went down or restarted leaves readiness and the routes at once, before that pass."""
+        if not self._started:
+            return  # the loop registers the fleet first; its first pass polls anyway
+        async with self._fleet_lock:
+            changed = await self._health.poll_all(list(self._boxes.values()), self._clock.now())
+            try:
+                await self._health.flush()
+            except StoreError as exc:  # the view holds; the next pass writes it
+                self._log.warning("box health not stored yet", error=str(exc))
+        if changed:
+            self._notify_changed()
+            self.poke()
 
     async def recheck_box(self, box_id: str) -> None:
         """Look at one box now, between polls: a caller retrying a call it was given this box for has met

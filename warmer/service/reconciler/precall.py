@@ -135,7 +135,9 @@ class PrecallWarming:
             if record is not None and record.state is WarmState.WARMING:
                 continue
             self._runner.charge(box_id, computed.prefix.token_count, now)
-            waiter = self._runner.start_engine_work(box_id, live.epoch, prefix_hash, "precall", probe=False)
+            waiter = self._runner.start_engine_work(
+                box_id, live.epoch, prefix_hash, "precall", probe=False, agents=(agent_id,)
+            )
             return EnsureResult(agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming"), waiter
         if first is not None:
             return first, None

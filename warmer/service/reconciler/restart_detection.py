@@ -68,9 +68,9 @@ class BoxHealth:
 
     # ------------------------------------------------------------------------------------------- polling
 
-    async def poll_all(self, boxes: Sequence[BoxSpec], now: float) -> None:
-        """Poll every box, concurrently and bounded; apply each answer; write what is queued (a
-        StoreError ends the pass: the view above already holds)."""
+    async def poll_all(self, boxes: Sequence[BoxSpec], now: float) -> bool:
+        """Poll every box, concurrently and bounded, and apply each answer to the view (its store writes
+        are queued: `flush`). True when a box went up or down, or restarted."""
         limit = asyncio.Semaphore(self._concurrency)
 
         async def poll(box: BoxSpec) -> Health:
@@ -78,9 +78,14 @@ class BoxHealth:
                 return await self.poll(box)
 
         results = await asyncio.gather(*(poll(box) for box in boxes))
+        changed = False
         for box, (healthy, epoch, error) in zip(boxes, results, strict=True):
+            live = self.live.get(box.id)
+            up = healthy and epoch is not None
+            if live is not None and (up != live.healthy or (up and epoch != live.epoch)):
+                changed = True
             await self.apply(box, healthy, epoch, error, now)
-        await self.flush()
+        return changed
 
     async def poll(self, box: BoxSpec) -> Health:
         """(healthy, epoch, why not) of one box, as its engine answers now."""
