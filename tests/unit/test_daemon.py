@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from warmer.config.settings import Settings
-from warmer.root.app import Daemon, ManagedStore, build
+from warmer.root.app import Daemon, build
+from warmer.root.database import ManagedStore
 
 
 class FakeStore:

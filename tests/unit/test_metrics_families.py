@@ -12,7 +12,8 @@ import pytest
 from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec, CacheLayout, CacheStats, EngineKind
 from warmer.core.promtext import parse_prometheus_text
-from warmer.root.app import ManagedStore, build
+from warmer.root.app import build
+from warmer.root.database import ManagedStore
 from warmer.service.gateway_sync import GatewaySync
 from warmer.service.hitrate_monitor import HitRateConfig, HitRateMonitor
 

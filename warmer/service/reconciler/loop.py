@@ -12,7 +12,7 @@ Each pass, under the fleet lock (a box added or removed never lands in the middl
 A missed event or a restart of the daemon only delays a fix by one pass: nothing here is edge-triggered
 except the wake-up (`poke()`, from the root's timers and from finished work). On start, records verified
 before the daemon started are re-probed, not trusted. Deploy events edit the fleet between passes
-(`fleet_edits`); pre-call asks are answered by `precall`.
+(`fleet_edits`); pre-call asks are answered by `precall`. The parts are built and wired in `parts`.
 """
 
 from __future__ import annotations
@@ -28,17 +28,7 @@ from warmer.core.errors import StoreError
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.core.planner import BoxObservation, Observed, Route, box_ready, plan, routes
 from warmer.ports import Clock, EnginePort, StorePort
-from warmer.service.reconciler.actions import ActionRunner
-from warmer.service.reconciler.activity import AgentActivity
-from warmer.service.reconciler.catalogue import PrefixCatalogue
-from warmer.service.reconciler.desired import DesiredState
-from warmer.service.reconciler.fleet_edits import FleetEdits, Rollout
-from warmer.service.reconciler.precall import PrecallWarming
-from warmer.service.reconciler.prompts import PromptPromotion, PromptStaging
-from warmer.service.reconciler.ready_reports import ReadyReports
-from warmer.service.reconciler.records import WarmBook
-from warmer.service.reconciler.restart_detection import BoxHealth
-from warmer.service.reconciler.tokenizer_drift import TokenizerDriftCheck
+from warmer.service.reconciler.parts import Hooks, build_parts
 from warmer.service.reconciler.types import (
     EnsureResult,
     NullObserver,
@@ -77,106 +67,39 @@ class Reconciler:
         self._boxes = {box.id: box for box in boxes}
         self._profiles = dict(profiles)
         self._agents = dict(agents)
-        observer = observer or NullObserver()
         log = self._log = structlog.stdlib.get_logger(__name__)
         self._started = False
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._fleet_lock = asyncio.Lock()
 
-        self._book = WarmBook(store)
-        self._rollout = Rollout(self._boxes)
-        self._health = BoxHealth(
+        parts = build_parts(
             engine=engine,
             store=store,
             clock=clock,
-            log=log,
-            book=self._book,
-            box_ids=self._boxes,
-            epoch_tag=self._rollout.epoch_tag,
-            concurrency=config.health_concurrency,
-        )
-        self._activity = AgentActivity(config.precall_hold_seconds)
-        drift = TokenizerDriftCheck(
-            store=store, observer=observer, log=log, threshold=config.tokenizer_drift_threshold
-        )
-        self._catalogue = PrefixCatalogue(
-            store=store, source=prefix_source, drift=drift, activity=self._activity, log=log
-        )
-        self._staging = PromptStaging(store=store, prefix_source=prefix_source, log=log)
-        self._ready = ReadyReports(
-            store=store, clock=clock, config=config.planner, observer=observer, log=log
-        )
-        self._desired = DesiredState(
             config=config,
             boxes=self._boxes,
             profiles=self._profiles,
             agents=self._agents,
-            health=self._health,
-            book=self._book,
-            drained=self._rollout.is_draining,
-            served=self._ready.served,
-            observed_demand=demand or dict,
-            log=log,
-        )
-        self._runner = ActionRunner(
-            store=store,
-            clock=clock,
-            config=config,
-            executor=executor or WarmExecutor(engine, clock),
-            restart=restart or RestartWarmup(engine, store, clock),
-            observer=observer,
-            log=log,
-            boxes=self._boxes,
-            profiles=self._profiles,
-            agents=self._agents,
-            health=self._health,
-            book=self._book,
-            catalogue=self._catalogue,
-            staging=self._staging,
-            poke=self.poke,
-        )
-        self._promotion = PromptPromotion(
-            store=store,
-            clock=clock,
-            config=config,
-            agents=self._agents,
-            profiles=self._profiles,
-            staging=self._staging,
-            catalogue=self._catalogue,
-            book=self._book,
-            live=self._health.live.get,
-            routes_now=self._routes_now,
-            log=log,
-        )
-        self._fleet = FleetEdits(
-            store=store,
-            boxes=self._boxes,
-            profiles=self._profiles,
+            prefix_source=prefix_source,
+            executor=executor,
+            restart=restart,
+            observer=observer or NullObserver(),
+            demand=demand,
             lock=self._fleet_lock,
-            health=self._health,
-            book=self._book,
-            runner=self._runner,
-            desired=self._desired,
-            rollout=self._rollout,
-            notify_changed=self._notify_changed,
+            log=log,
+            hooks=Hooks(
+                poke=self.poke,
+                notify_changed=self._notify_changed,
+                changed=lambda: self._changed,
+                routes_now=self._routes_now,
+                agent_routes=self.agent_routes,
+            ),
         )
-        self._precall = PrecallWarming(
-            clock=clock,
-            config=config,
-            boxes=self._boxes,
-            agents=self._agents,
-            activity=self._activity,
-            catalogue=self._catalogue,
-            desired=self._desired,
-            health=self._health,
-            book=self._book,
-            runner=self._runner,
-            rollout=self._rollout,
-            routes_for=self.agent_routes,
-            poke=self.poke,
-            changed=lambda: self._changed,
-        )
+        self._book, self._rollout, self._health = parts.book, parts.rollout, parts.health
+        self._activity, self._catalogue, self._staging = parts.activity, parts.catalogue, parts.staging
+        self._desired, self._runner, self._ready = parts.desired, parts.runner, parts.ready
+        self._promotion, self._fleet, self._precall = parts.promotion, parts.fleet, parts.precall
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
