@@ -154,11 +154,14 @@ class Daemon:
                 readiness=self.readiness,
                 tokens=tuple(settings.api.tokens),
                 status=StatusService(reconciler, store),
-                prewarm=dialer.prewarm,
+                # Without a fleet no reconciler runs: nothing could act on a pre-call ask or a deploy event.
+                prewarm=dialer.prewarm if self.has_fleet else None,
                 campaigns=dialer.campaigns,
                 deploy=build_deploy_service(
                     settings, store=store, fleet=reconciler, clock=clock, on_fleet_change=engines.register
-                ),
+                )
+                if self.has_fleet
+                else None,
                 max_request_bytes=settings.api.max_request_bytes,
                 webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
                 capacity=capacity if self.boxes else None,
