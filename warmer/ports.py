@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from warmer.core.leases import LeaseConfig, LeaseView
-from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
@@ -21,6 +20,7 @@ from warmer.core.model import (
     WarmState,
 )
 from warmer.core.shared_state import SharedFleetState, StateChange
+from warmer.core.tokenizer_drift import TokenCountObservation
 
 
 class Clock(Protocol):

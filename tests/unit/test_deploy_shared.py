@@ -40,13 +40,12 @@ class Replica:
     def __init__(self, url: str) -> None:
         self.world: World = world(url, specs={"sales": agent("sales", "You sell things.")})
         self.coordination = SqlCoordination(SqlStore.from_url(url))
-        store = self.world.store
         self.service = DeployService(
-            store=lambda: store,
+            store=self.world.store,
             clock=self.world.clock,
             config=WebhookConfig(secrets=(SECRET,), box_url_policy=BoxUrlPolicy(ALLOWED)),
-            fleet=lambda: self.world.reconciler,
-            shared=lambda: self.coordination,
+            fleet=self.world.reconciler,
+            shared=self.coordination,
         )
 
     def send(self, payload: Mapping[str, Any]) -> DeployResult:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from warmer.config.settings import CapacitySettings, DialerSettings, HitRateSettings, ReplicaSettings
+from warmer.config.loop_settings import CapacitySettings, DialerSettings, HitRateSettings
+from warmer.config.server_settings import ReplicaSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from warmer.config.settings import ReplicaSettings, Settings
+from warmer.config.server_settings import ReplicaSettings
+from warmer.config.settings import Settings
 from warmer.root.replicas import lease_config
 
 

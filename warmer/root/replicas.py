@@ -18,6 +18,7 @@ from warmer.config.settings import Settings
 from warmer.core.leases import LeaseConfig
 from warmer.core.model import BoxSpec
 from warmer.ports import Clock
+from warmer.root.logging import get_logger
 from warmer.service.ownership import BoxOwnership
 from warmer.service.replica_gate import ReplicaGate
 
@@ -70,4 +71,7 @@ class ReplicaWiring:
         await self.ownership.run(stopping)
 
     async def run_listener(self, stopping: asyncio.Event) -> None:
-        await listen_for_changes(self._url, self.wake, stopping)
+        log = get_logger(__name__)
+        await listen_for_changes(
+            self._url, self.wake, stopping, on_trouble=lambda message: log.warning(message)
+        )

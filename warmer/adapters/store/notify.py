@@ -12,7 +12,6 @@ import asyncio
 from collections.abc import Callable
 
 import psycopg
-import structlog
 from psycopg import sql
 from sqlalchemy.engine import make_url
 
@@ -33,16 +32,18 @@ async def listen_for_changes(
     stopping: asyncio.Event,
     *,
     channel: str = CHANGES_CHANNEL,
+    on_trouble: Callable[[str], None] | None = None,
 ) -> None:
-    """Call `on_change(payload)` for every notification on `channel` until `stopping` is set."""
-    log = structlog.stdlib.get_logger(__name__)
+    """Call `on_change(payload)` for every notification on `channel` until `stopping` is set; connection
+    trouble is told to `on_trouble` (the caller logs it) and retried."""
+    trouble = on_trouble or (lambda _message: None)
     url = libpq_url(sqlalchemy_url)
     backoff = RECONNECT_MIN_SECONDS
     while not stopping.is_set():
         try:
             connection = await psycopg.AsyncConnection.connect(url, autocommit=True, connect_timeout=5)
         except psycopg.Error as exc:
-            log.warning("change listener cannot connect", error=type(exc).__name__, retry_seconds=backoff)
+            trouble(f"change listener cannot connect ({type(exc).__name__}); retrying in {backoff:g}s")
         else:
             try:
                 async with connection:
@@ -51,7 +52,7 @@ async def listen_for_changes(
                     on_change("listening")
                     await _pump(connection, on_change, stopping)
             except psycopg.Error as exc:
-                log.warning("change listener lost its connection", error=type(exc).__name__)
+                trouble(f"change listener lost its connection ({type(exc).__name__})")
         if stopping.is_set():
             return
         try:
