@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from tests.unit.test_planner import config, desired, records, up, warm
 from warmer.core.model import WarmRecord, WarmState
-from warmer.core.planner import AbandonWarm, Observed, ProbePrefix, ProbeReason, plan
+from warmer.core.plan_actions import AbandonWarm, ProbePrefix, ProbeReason
+from warmer.core.planner import Observed, plan
 
 
 def test_records_verified_before_the_takeover_are_probed_on_that_box_only() -> None:
