@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 import warmer
+from warmer.adapters.store import SqlStore
 from warmer.adapters.store.filelock import SqliteFileLock
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.api.observe import RequestMetricsMiddleware
@@ -44,6 +45,7 @@ from warmer.root.frontdoor import build_gateway, hitrate_config
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
+from warmer.root.replicas import ReplicaWiring
 from warmer.root.supervisor import Supervisor
 from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.gateway_sync import GatewaySync
@@ -118,6 +120,12 @@ class Daemon:
         self._store = store
         engines = build_engine_dispatcher(settings, self.http, boxes=self.boxes, profiles=self.profiles)
         meter = CallVolumeMeter(clock, window_seconds=settings.dialer.volume_window_seconds)
+        # leases and shared deploy state over a SQL store (several replicas on PostgreSQL)
+        replicas = (
+            ReplicaWiring(settings, store, clock=clock, configured=self.boxes)
+            if isinstance(store, SqlStore)
+            else None
+        )
         reconciler = Reconciler(
             engine=engines,
             store=store,
@@ -133,7 +141,11 @@ class Daemon:
             restart=RestartWarmup(
                 engines, store, clock, on_long_prefill=self.prefill_ceilings.record_long_prefill
             ),
+            replicas=None if replicas is None else replicas.gate,
+            on_fleet_change=engines.register,
         )
+        if replicas is not None:
+            replicas.attach(reconciler, lambda: reconciler.fleet().keys())
         dialer = DialerWiring(
             settings, agents=self.agents.keys, store=store, reconciler=reconciler, meter=meter
         )
@@ -159,7 +171,12 @@ class Daemon:
                 prewarm=dialer.prewarm if self.has_fleet else None,
                 campaigns=dialer.campaigns,
                 deploy=build_deploy_service(
-                    settings, store=store, fleet=reconciler, clock=clock, on_fleet_change=engines.register
+                    settings,
+                    store=store,
+                    fleet=reconciler,
+                    clock=clock,
+                    on_fleet_change=engines.register,
+                    shared=None if replicas is None else replicas.coordination,
                 )
                 if self.has_fleet
                 else None,
@@ -173,7 +190,10 @@ class Daemon:
         self.supervisor.add("api", self._serve_api)
         if not self.has_fleet:
             return
-        self.supervisor.add("reconciler", reconciler.run)
+        for name, task in (
+            replicas.tasks(reconciler.run) if replicas else {"reconciler": reconciler.run}
+        ).items():
+            self.supervisor.add(name, task)
         self.supervisor.add(
             "scheduler", functools.partial(run_timers, settings, reconciler.poke, reconciler.poll_health)
         )

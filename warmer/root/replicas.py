@@ -1,15 +1,17 @@
 """Wiring of several replicas: the coordination store over the daemon's SqlStore, this replica's lease
-holder and the reconciler's gate, and their root tasks (`leases`: the heartbeat; `changes`: LISTEN on
-PostgreSQL, waking the reconcile loop and the heartbeat when another replica wrote something).
+holder and the reconciler's gate, and their root tasks.
 
-Built for every SQL store: on SQLite (one daemon per file) the replica trivially holds every box, through
-the same code, so one path is tested everywhere.
+On PostgreSQL: `BoxOwnership` heartbeats (root task `leases`) and a LISTEN connection (root task
+`changes`) wakes the reconcile loop and the heartbeat when another replica wrote leases or deploy state.
+On SQLite (one daemon per file, held under its lock): `SoleOwnership`, every box trivially held; the
+shared deploy state is still read from the store, so a restarted daemon keeps a rollout in progress.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Protocol
 
 from warmer.adapters.store import SqlStore
 from warmer.adapters.store.coordination import SqlCoordination
@@ -19,8 +21,10 @@ from warmer.core.leases import LeaseConfig
 from warmer.core.model import BoxSpec
 from warmer.ports import Clock
 from warmer.root.logging import get_logger
-from warmer.service.ownership import BoxOwnership
+from warmer.service.ownership import BoxOwnership, SoleOwnership
 from warmer.service.replica_gate import ReplicaGate
+
+RunTask = Callable[[asyncio.Event], Awaitable[None]]
 
 
 def lease_config(settings: Settings) -> LeaseConfig:
@@ -28,49 +32,75 @@ def lease_config(settings: Settings) -> LeaseConfig:
     return LeaseConfig(lease_seconds=replicas.lease_seconds, renew_seconds=replicas.renew_seconds)
 
 
+class ReplicaAware(Protocol):
+    """What the wiring tells the reconciler (`warmer.service.reconciler.Reconciler`)."""
+
+    def poke(self) -> None: ...
+
+    def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None: ...
+
+
 class ReplicaWiring:
-    """The pieces one replica runs; `wake` is what a notification from another replica calls."""
+    """The pieces one replica runs. `attach` the reconciler once it is built (it takes `gate`)."""
 
     def __init__(
-        self,
-        settings: Settings,
-        store: SqlStore,
-        *,
-        clock: Clock,
-        configured: Sequence[BoxSpec],
-        fleet: Callable[[], Collection[str]],
-        on_change: Callable[[], None],
-        on_leases: Callable[[frozenset[str], frozenset[str]], None] | None = None,
+        self, settings: Settings, store: SqlStore, *, clock: Clock, configured: Sequence[BoxSpec]
     ) -> None:
         self._url = settings.database_url()
-        self._on_change = on_change
+        self._reconciler: ReplicaAware | None = None
+        self._fleet: Callable[[], Collection[str]] = lambda: ()
+        self._reconciler_done = asyncio.Event()
         self.coordination = SqlCoordination(store)
-        self.ownership = BoxOwnership(
-            coordination=self.coordination,
-            clock=clock,
-            config=lease_config(settings),
-            fleet=fleet,
-            replica_id=settings.replicas.replica_id,
-            on_change=on_leases,
-        )
-        self.gate = ReplicaGate(
-            ownership=self.ownership, coordination=self.coordination, configured=configured
-        )
+        self.ownership: BoxOwnership | None = None
+        holder: BoxOwnership | SoleOwnership
+        if self.coordination.notifies:  # a server database: replicas may share it
+            holder = self.ownership = BoxOwnership(
+                coordination=self.coordination,
+                clock=clock,
+                config=lease_config(settings),
+                fleet=lambda: self._fleet(),
+                replica_id=settings.replicas.replica_id,
+                on_change=self._leases_changed,
+            )
+        else:
+            holder = SoleOwnership(settings.replicas.replica_id)
+        self.gate = ReplicaGate(ownership=holder, coordination=self.coordination, configured=configured)
 
-    @property
-    def listens(self) -> bool:
-        return self.coordination.notifies
+    def attach(self, reconciler: ReplicaAware, fleet: Callable[[], Collection[str]]) -> None:
+        self._reconciler, self._fleet = reconciler, fleet
+
+    def tasks(self, reconciler_run: RunTask) -> dict[str, RunTask]:
+        """The root tasks: the reconciler (noting when it stopped), and on PostgreSQL `leases` and
+        `changes`. Leases are handed back only after the reconciler cancelled its work."""
+
+        async def run_reconciler(stopping: asyncio.Event) -> None:
+            try:
+                await reconciler_run(stopping)
+            finally:
+                self._reconciler_done.set()
+
+        tasks: dict[str, RunTask] = {"reconciler": run_reconciler}
+        if self.ownership is not None:
+            tasks["leases"] = self._run_leases
+            tasks["changes"] = self._run_listener
+        return tasks
+
+    def _leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
+        if self._reconciler is not None:
+            self._reconciler.leases_changed(gained, lost)
 
     def wake(self, what: str) -> None:
         """Another replica wrote leases or deploy state: heartbeat soon, and run a pass."""
-        if what in ("leases", "listening"):
+        if self.ownership is not None and what in ("leases", "listening"):
             self.ownership.wake()
-        self._on_change()
+        if self._reconciler is not None:
+            self._reconciler.poke()
 
-    async def run_leases(self, stopping: asyncio.Event) -> None:
-        await self.ownership.run(stopping)
+    async def _run_leases(self, stopping: asyncio.Event) -> None:
+        assert self.ownership is not None
+        await self.ownership.run(stopping, before_release=self._reconciler_done.wait)
 
-    async def run_listener(self, stopping: asyncio.Event) -> None:
+    async def _run_listener(self, stopping: asyncio.Event) -> None:
         log = get_logger(__name__)
         await listen_for_changes(
             self._url, self.wake, stopping, on_trouble=lambda message: log.warning(message)

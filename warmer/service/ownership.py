@@ -17,14 +17,49 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Callable, Collection
-from typing import Literal
+from collections.abc import Awaitable, Callable, Collection
+from typing import Literal, Protocol
 
 import structlog
 
 from warmer.core.errors import StoreError
 from warmer.core.leases import LeaseConfig, LeaseView
 from warmer.ports import Clock, CoordinationPort
+
+
+class LeaseHolder(Protocol):
+    """What the reconciler asks of this replica's leases (`BoxOwnership`, or `SoleOwnership` alone)."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    def owns(self, box_id: str) -> bool: ...
+
+    def owner_of(self, box_id: str) -> str | None: ...
+
+    def trusted_after(self, box_id: str, started_at: float) -> float: ...
+
+
+class SoleOwnership:
+    """One daemon alone on its database (an embedded SQLite file, which it holds locked): every box is
+    its own, always, and what it verified since its start is trusted. Nothing to renew."""
+
+    def __init__(self, replica_id: str | None = None) -> None:
+        self._replica_id = replica_id or default_replica_id()
+
+    @property
+    def replica_id(self) -> str:
+        return self._replica_id
+
+    def owns(self, box_id: str) -> bool:
+        return True
+
+    def owner_of(self, box_id: str) -> str | None:
+        return self._replica_id
+
+    def trusted_after(self, box_id: str, started_at: float) -> float:
+        return started_at
+
 
 # Least time between two heartbeats woken early (a notification storm must not become a heartbeat storm).
 MIN_EARLY_BEAT_SECONDS = 0.25
@@ -52,7 +87,7 @@ class BoxOwnership:
         self._clock = clock
         self._config = config
         self._fleet = fleet
-        self.replica_id = replica_id or default_replica_id()
+        self._replica_id = replica_id or default_replica_id()
         self._on_change = on_change
         self._log = structlog.stdlib.get_logger(__name__)
         self._held: frozenset[str] = frozenset()
@@ -62,6 +97,10 @@ class BoxOwnership:
         self._reported: frozenset[str] = frozenset()
         self._started_at = clock.now()
         self.beats = 0
+
+    @property
+    def replica_id(self) -> str:
+        return self._replica_id
 
     @property
     def config(self) -> LeaseConfig:
@@ -128,8 +167,11 @@ class BoxOwnership:
         if self._on_change is not None:
             self._on_change(gained, lost)
 
-    async def run(self, stopping: asyncio.Event) -> None:
-        """The `leases` root task: heartbeat until `stopping`, then give every lease back."""
+    async def run(
+        self, stopping: asyncio.Event, *, before_release: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        """The `leases` root task: heartbeat until `stopping`, then give every lease back, after
+        `before_release` (the reconciler's own work cancelled, so no successor overlaps it)."""
         stop = asyncio.ensure_future(stopping.wait())
         try:
             while not stopping.is_set():
@@ -141,6 +183,8 @@ class BoxOwnership:
                 await self._sleep_until_next(stop)
         finally:
             stop.cancel()
+            if before_release is not None:
+                await before_release()
             await self._release()
 
     async def _sleep_until_next(self, stop: asyncio.Future[Literal[True]]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from warmer.core.model import BoxSpec
 from warmer.core.shared_state import SharedFleetState
 from warmer.ports import CoordinationPort
-from warmer.service.ownership import BoxOwnership
+from warmer.service.ownership import LeaseHolder
 from warmer.service.shared_view import StoredWarmup, warmup_from_phases
 
 
@@ -38,7 +38,7 @@ class ReplicaGate:
     """This replica's leases and the shared state, as the reconciler consults them."""
 
     def __init__(
-        self, *, ownership: BoxOwnership, coordination: CoordinationPort, configured: Sequence[BoxSpec]
+        self, *, ownership: LeaseHolder, coordination: CoordinationPort, configured: Sequence[BoxSpec]
     ) -> None:
         self.ownership = ownership
         self._coordination = coordination

@@ -4,8 +4,9 @@ One module per concern: `loop` (observe -> desired -> diff -> act), `restart_det
 epochs: how a restart is detected), `catalogue` (agents' stable prefixes), `records` (the warm-state
 view), `desired` (placement and handover), `actions` (the action runner), `ready_reports` (when a box
 became ready), `fleet_edits` (boxes added/removed, rollout drains), `prompts` (staged prompts and their
-promotion), `precall` (pre-call ensure), `activity` (agent traffic and pre-call holds), `parts` (how they
-are wired), `types` (the vocabulary other modules import).
+promotion), `precall` (pre-call ensure), `activity` (agent traffic and pre-call holds), `replicas` (one
+of several replicas: leases and shared deploy state), `parts` (how they are wired), `types` (the
+vocabulary other modules import).
 """
 
 from warmer.service.reconciler.loop import Reconciler

@@ -54,6 +54,11 @@ class Rollout:
             self._drained.pop(box_id, None)
             self._epoch_tags[box_id] = epoch_tag
 
+    def load(self, drains: Mapping[str, str], epoch_tags: Mapping[str, str]) -> None:
+        """The drains and tags as the store holds them (several replicas: any may have got the event)."""
+        self._drained = dict(drains)
+        self._epoch_tags = dict(epoch_tags)
+
     def is_draining(self, box_id: str) -> bool:
         return box_id in self._drained
 
@@ -109,8 +114,7 @@ class FleetEdits:
                 raise ConfigError([("box.id", f"box {box.id!r} is already registered")])
             if box.model not in self._profiles:
                 raise ConfigError([("box.model", f"unknown model profile {box.model!r}")])
-            self._boxes[box.id] = box
-            self._health.add_box(box.id)
+            self.join(box)
             await self._store.sync_boxes(list(self._boxes.values()))
 
     async def remove_box(self, box_id: str) -> None:
@@ -119,11 +123,20 @@ class FleetEdits:
         async with self._lock:
             if box_id not in self._boxes:
                 raise ConfigError([("box_id", f"unknown box {box_id!r}")])
-            await self._runner.cancel_box(box_id)
-            del self._boxes[box_id]
-            self._health.forget_box(box_id)
-            self._rollout.forget_box(box_id)
-            self._book.forget_box(box_id)
-            self._desired.forget_box(box_id)
+            await self.leave(box_id)
             await self._store.sync_boxes(list(self._boxes.values()))
         self._notify_changed()
+
+    def join(self, box: BoxSpec) -> None:
+        """The box is in the running fleet (the caller holds the fleet lock and syncs the store)."""
+        self._boxes[box.id] = box
+        self._health.add_box(box.id)
+
+    async def leave(self, box_id: str) -> None:
+        """The box is out of the running fleet, its work cancelled (lock held, store synced by the caller)."""
+        await self._runner.cancel_box(box_id)
+        del self._boxes[box_id]
+        self._health.forget_box(box_id)
+        self._rollout.forget_box(box_id)
+        self._book.forget_box(box_id)
+        self._desired.forget_box(box_id)

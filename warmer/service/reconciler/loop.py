@@ -12,7 +12,9 @@ Each pass, under the fleet lock (a box added or removed never lands in the middl
 A missed event or a restart of the daemon only delays a fix by one pass: nothing here is edge-triggered
 except the wake-up (`poke()`, from the root's timers and from finished work). On start, records verified
 before the daemon started are re-probed, not trusted. Deploy events edit the fleet between passes
-(`fleet_edits`); pre-call asks are answered by `precall`. The parts are built and wired in `parts`.
+(`fleet_edits`); pre-call asks are answered by `precall`. As one of several replicas, each pass applies
+the shared deploy state first and only the boxes this replica holds get engine work (`replicas`). The
+parts are built and wired in `parts`.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from warmer.service.reconciler.types import (
     ReconcilerConfig,
     Snapshot,
 )
+from warmer.service.replica_gate import ReplicaGate
 from warmer.service.restart_warmup import RestartWarmup
 from warmer.service.warming import WarmExecutor
 
@@ -61,6 +64,8 @@ class Reconciler:
         restart: RestartWarmup | None = None,
         observer: ReconcileObserver | None = None,
         demand: Callable[[], Mapping[str, float]] | None = None,
+        replicas: ReplicaGate | None = None,
+        on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -96,11 +101,14 @@ class Reconciler:
                 routes_now=self._routes_now,
                 agent_routes=self.agent_routes,
             ),
+            gate=replicas,  # None: this daemon alone holds every box
+            on_fleet_change=on_fleet_change,
         )
         self._book, self._rollout, self._health = parts.book, parts.rollout, parts.health
         self._activity, self._catalogue, self._staging = parts.activity, parts.catalogue, parts.staging
         self._desired, self._runner, self._ready = parts.desired, parts.runner, parts.ready
         self._promotion, self._fleet, self._precall = parts.promotion, parts.fleet, parts.precall
+        self._replicas = parts.replicas
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -108,6 +116,7 @@ class Reconciler:
         """Register the fleet in the store; from now on, older verifications are re-probed before use."""
         if self._started:
             return
+        await self._replicas.sync_shared(registered=False)  # the fleet as every replica runs it
         await self._store.sync_boxes(list(self._boxes.values()))
         self._book.trusted_after = self._clock.now()
         self._started = True
@@ -137,6 +146,7 @@ class Reconciler:
     async def close(self) -> None:
         """Cancel work in flight (a `warming` row left behind is abandoned by the next daemon's planner)."""
         await self._runner.close()
+        await self._replicas.wait_cancelled()
 
     async def wait_idle(self) -> None:
         """Wait until no engine work is running (tests and benchmarks step the loop with this)."""
@@ -151,12 +161,14 @@ class Reconciler:
 
     async def _tick(self) -> None:
         await self.start()
+        await self._replicas.sync_shared(registered=True)
         now = self._clock.now()
         # observe
         await self._health.poll_all(list(self._boxes.values()), now)
         await self._health.flush()  # a StoreError ends the pass; the view above already holds
         await self._catalogue.refresh(self._agents, self._profiles, now)
         await self._book.reload(self._health.current_epochs(), self._runner.in_flight)
+        await self._replicas.refresh_foreign()
         await self._promotion.refresh(now)
         # desired
         campaigns = await self._store.list_campaigns()
@@ -176,7 +188,7 @@ class Reconciler:
         )
         # act
         self._runner.buckets = dict(result.buckets)
-        await self._runner.dispatch(result.actions)
+        await self._runner.dispatch([a for a in result.actions if self._replicas.owns(a.box_id)])
         await self._ready.note(self._health.live, desired, self._observed(for_routes=True))
         self._notify_changed()
 
@@ -199,6 +211,7 @@ class Reconciler:
             buckets=dict(self._runner.buckets),
             suspect_boxes=frozenset(self._health.suspect),
             trusted_after=self._book.trusted_after,
+            trusted_after_by_box=self._replicas.trusted_by_box(),
         )
 
     def _notify_changed(self) -> None:
@@ -341,6 +354,11 @@ class Reconciler:
         """Back in service as a new epoch (`<engine epoch>~<tag>`): restart warm-up, prefixes, routes."""
         self._rollout.undrain(box_ids, epoch_tag)
         self.poke()
+
+    def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
+        """This replica's lease holder gained or lost boxes: work on those lost is cancelled, those gained
+        are worked on from the next pass (`replicas`)."""
+        self._replicas.leases_changed(gained, lost)
 
     async def add_box(self, box: BoxSpec) -> None:
         """A new box joins the fleet (registered in the store); it is warmed before any route uses it."""

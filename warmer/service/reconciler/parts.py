@@ -8,7 +8,7 @@ only through `Hooks`. `Reconciler` (`loop`) builds them here once and runs the p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -26,9 +26,11 @@ from warmer.service.reconciler.precall import PrecallWarming
 from warmer.service.reconciler.prompts import PromptPromotion, PromptStaging
 from warmer.service.reconciler.ready_reports import ReadyReports
 from warmer.service.reconciler.records import WarmBook
+from warmer.service.reconciler.replicas import ReplicaSync
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.tokenizer_drift import TokenizerDriftCheck
 from warmer.service.reconciler.types import PrefixSource, ReconcileObserver, ReconcilerConfig
+from warmer.service.replica_gate import ReplicaGate
 from warmer.service.restart_warmup import RestartWarmup
 from warmer.service.warming import WarmExecutor
 
@@ -58,6 +60,7 @@ class Parts:
     promotion: PromptPromotion
     fleet: FleetEdits
     precall: PrecallWarming
+    replicas: ReplicaSync
 
 
 def build_parts(
@@ -77,7 +80,10 @@ def build_parts(
     lock: asyncio.Lock,
     log: structlog.stdlib.BoundLogger,
     hooks: Hooks,
+    gate: ReplicaGate | None = None,
+    on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
 ) -> Parts:
+    owns = (lambda _box_id: True) if gate is None else gate.owns
     book = WarmBook(store)
     rollout = Rollout(boxes)
     health = BoxHealth(
@@ -89,6 +95,7 @@ def build_parts(
         box_ids=boxes,
         epoch_tag=rollout.epoch_tag,
         concurrency=config.health_concurrency,
+        owns=owns,
     )
     activity = AgentActivity(config.precall_hold_seconds)
     drift = TokenizerDriftCheck(
@@ -96,7 +103,9 @@ def build_parts(
     )
     catalogue = PrefixCatalogue(store=store, source=prefix_source, drift=drift, activity=activity, log=log)
     staging = PromptStaging(store=store, prefix_source=prefix_source, log=log)
-    ready = ReadyReports(store=store, clock=clock, config=config.planner, observer=observer, log=log)
+    ready = ReadyReports(
+        store=store, clock=clock, config=config.planner, observer=observer, log=log, owns=owns
+    )
     desired = DesiredState(
         config=config,
         boxes=boxes,
@@ -166,7 +175,25 @@ def build_parts(
         routes_for=hooks.agent_routes,
         poke=hooks.poke,
         changed=hooks.changed,
+        owns=owns,
     )
+    replicas = ReplicaSync(
+        gate=gate,
+        store=store,
+        boxes=boxes,
+        profiles=profiles,
+        rollout=rollout,
+        health=health,
+        book=book,
+        runner=runner,
+        fleet=fleet,
+        on_fleet_change=on_fleet_change,
+        notify_changed=hooks.notify_changed,
+        poke=hooks.poke,
+        log=log,
+    )
+    if gate is not None:
+        book.trusted_since = replicas.trusted_since
     return Parts(
         book=book,
         rollout=rollout,
@@ -180,4 +207,5 @@ def build_parts(
         promotion=promotion,
         fleet=fleet,
         precall=precall,
+        replicas=replicas,
     )

@@ -50,6 +50,7 @@ class PrecallWarming:
         routes_for: Callable[[str], tuple[Route, ...]],
         poke: Callable[[], None],
         changed: Callable[[], asyncio.Event],
+        owns: Callable[[str], bool] = lambda _box_id: True,
     ) -> None:
         self._clock = clock
         self._config = config
@@ -65,6 +66,7 @@ class PrecallWarming:
         self._routes_for = routes_for
         self._poke = poke
         self._changed = changed  # the event the next pass sets
+        self._owns = owns  # engine work only on boxes this replica holds the lease of
 
     async def ensure_warm(self, agent_id: str, wait_seconds: float = 0.0) -> EnsureResult:
         """Returns at once when a route exists; otherwise starts (or joins: coalesced) the warm on the
@@ -134,6 +136,11 @@ class PrecallWarming:
                 )
                 continue
             if record is not None and record.state is WarmState.WARMING:
+                continue
+            if not self._owns(box_id):
+                first = first or EnsureResult(
+                    agent_id, box_id, state, False, prefix_hash, "cold; warmed by the replica holding the box"
+                )
                 continue
             self._runner.charge(box_id, computed.prefix.token_count, now)
             waiter = self._runner.start_engine_work(

@@ -9,7 +9,7 @@ reports the fleet's readiness and warmth to the metrics.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -47,7 +47,9 @@ class ReadyReports:
         config: PlannerConfig,
         observer: ReconcileObserver,
         log: structlog.stdlib.BoundLogger,
+        owns: Callable[[str], bool] = lambda _box_id: True,
     ) -> None:
+        self._owns = owns  # a box held by another replica: its holder records the ready moment
         self._store = store
         self._clock = clock
         self._config = config
@@ -88,6 +90,8 @@ class ReadyReports:
         )
         live.ready_report = report
         self._served.add(box_id)
+        if not self._owns(box_id):
+            return
         if live.prefixes_started_at is not None:  # None: an earlier daemon finished this epoch's phase
             await self._store.put_phase(
                 PhaseRecord(

@@ -10,7 +10,7 @@ reload keeps this daemon's record when it is newer than the row read back.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from warmer.core.model import BoxCapacity, WarmRecord, WarmState
 from warmer.core.planner import WarmKey
@@ -30,6 +30,8 @@ class WarmBook:
         self.pins: dict[WarmKey, int] = {}
         # Verifications older than this (the daemon's start) are re-probed before they count as warm.
         self.trusted_after = 0.0
+        # ... per box, with several replicas (`replicas.ReplicaSync.trusted_since`); None: the above
+        self.trusted_since: Callable[[str], float] | None = None
 
     def get(self, key: WarmKey) -> WarmRecord | None:
         return self.records.get(key)
@@ -61,8 +63,12 @@ class WarmBook:
             key: record
             for key, record in self.records.items()
             if record.state not in (WarmState.WARM, WarmState.STALE)
-            or (record.verified_at is not None and record.verified_at >= self.trusted_after)
+            or (record.verified_at is not None and record.verified_at >= self.threshold(record.box_id))
         }
+
+    def threshold(self, box_id: str) -> float:
+        """Verifications of the box older than this do not count as warm until re-probed."""
+        return self.trusted_after if self.trusted_since is None else self.trusted_since(box_id)
 
     def keep_only_epoch(self, box_id: str, epoch: str) -> None:
         """A new process holds nothing of the old one's: the box's other epochs' records and pins go."""

@@ -50,6 +50,7 @@ class BoxHealth:
         box_ids: Iterable[str],
         epoch_tag: Callable[[str], str | None],
         concurrency: int,
+        owns: Callable[[str], bool] = lambda _box_id: True,
     ) -> None:
         self._engine = engine
         self._store = store
@@ -58,6 +59,7 @@ class BoxHealth:
         self._book = book
         self._epoch_tag = epoch_tag
         self._concurrency = concurrency
+        self._owns = owns  # only a box's lease holder writes its rows (`replicas`)
         self.live: dict[str, BoxLive] = {box_id: BoxLive() for box_id in box_ids}
         # box id -> what its cache holds, as its engine reported it for its latest epoch (kept while the
         # box is down, so an outage does not reshuffle placement)
@@ -131,15 +133,19 @@ class BoxHealth:
                     epoch=live.epoch,
                     detail={"error": error},
                 )
-                self._event_later(event)
+                if self._owns(box.id):
+                    self._event_later(event)
             live.healthy, live.health_error = False, error
             return
         if epoch != live.epoch:
             await self._new_epoch(box, epoch, live, now)
             return
-        self._write_later((box.id, "epoch", epoch), functools.partial(self._store_epoch, box.id, epoch, now))
-        if not live.healthy:
-            self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
+        if self._owns(box.id):
+            self._write_later(
+                (box.id, "epoch", epoch), functools.partial(self._store_epoch, box.id, epoch, now)
+            )
+            if not live.healthy:
+                self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
         live.healthy, live.health_error = True, None
 
     async def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
@@ -152,8 +158,10 @@ class BoxHealth:
         self._log.info("box epoch", box=box.id, epoch=epoch, previous=previous.epoch)
         key = (box.id, "epoch", epoch)
         self._unwritten.pop(key, None)  # back to an epoch still queued: it is now the newest write
-        self._write_later(key, functools.partial(self._store_epoch, box.id, epoch, now, new=True))
         await self._read_capacity(box)
+        if not self._owns(box.id):
+            return  # another replica holds the box: its warm-up is read from the holder's phases
+        self._write_later(key, functools.partial(self._store_epoch, box.id, epoch, now, new=True))
         try:
             await self.flush()
             await self._resume_warmup(box.id, epoch, fresh)

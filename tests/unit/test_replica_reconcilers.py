@@ -1,0 +1,163 @@
+"""Two real Reconcilers as two replicas on one database (a temp SQLite file, each with its own store and
+lease holder) over one FakeEngine whose request log is the engine side: each box's restart warm-up and
+warm come from its lease holder only, both replicas answer readiness for every box from the store, a
+rollout received by one drains the box on the other, and the survivor of a replica that stopped
+renewing re-probes what the dead one verified before routing to it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.unit.reconciler_fakes import (
+    PROFILE,
+    FakeClock,
+    FakeEngine,
+    FakePrefixSource,
+    agent,
+    boxes,
+)
+from warmer.adapters.store import SqlStore, upgrade_database
+from warmer.adapters.store.coordination import SqlCoordination
+from warmer.core.leases import LeaseConfig
+from warmer.core.placement import PlacementConfig
+from warmer.core.planner import PlannerConfig
+from warmer.core.shared_state import StateChange
+from warmer.core.warm_budget import WarmBudget
+from warmer.service.deploy import rollout_drain_reason
+from warmer.service.ownership import BoxOwnership
+from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.replica_gate import ReplicaGate
+
+BOX_IDS = ("b1", "b2", "b3", "b4")
+LEASES = LeaseConfig(lease_seconds=15.0, renew_seconds=5.0)
+
+
+@dataclass
+class Replica:
+    name: str
+    reconciler: Reconciler
+    ownership: BoxOwnership
+    coordination: SqlCoordination
+
+    async def beat(self) -> None:
+        await self.ownership.beat()
+
+
+def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replica:
+    store = SqlStore.from_url(url, now=clock.now)
+    coordination = SqlCoordination(store)
+    holder: list[Reconciler] = []
+    ownership = BoxOwnership(
+        coordination=coordination,
+        clock=clock,
+        config=LEASES,
+        fleet=lambda: BOX_IDS,
+        replica_id=name,
+        on_change=lambda gained, lost: holder[0].leases_changed(gained, lost) if holder else None,
+    )
+    reconciler = Reconciler(
+        engine=engine,
+        store=store,
+        clock=clock,
+        boxes=boxes(*BOX_IDS),
+        profiles={"m": PROFILE},
+        agents={a: agent(a) for a in ("sales", "support")},
+        prefix_source=FakePrefixSource(),
+        config=ReconcilerConfig(
+            planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
+            placement=PlacementConfig(min_group_size=2),
+        ),
+        replicas=ReplicaGate(ownership=ownership, coordination=coordination, configured=boxes(*BOX_IDS)),
+    )
+    holder.append(reconciler)
+    return Replica(name, reconciler, ownership, coordination)
+
+
+async def settle(*replicas: Replica, rounds: int = 8) -> None:
+    for _ in range(rounds):
+        for each in replicas:
+            await each.reconciler.tick()
+            await each.reconciler.wait_idle()
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    database = f"sqlite:///{tmp_path / 'warmer.db'}"
+    upgrade_database(database)
+    return database
+
+
+def restart_warmups(engine: FakeEngine) -> Counter[str]:
+    return Counter(box for box, _prompt, schema, _t in engine.prompts if schema is not None)
+
+
+def test_each_box_is_worked_by_its_holder_only_and_ready_on_both(url: str) -> None:
+    engine, clock = FakeEngine(BOX_IDS), FakeClock()
+    one, two = replica(url, "one", engine, clock), replica(url, "two", engine, clock)
+
+    async def scenario() -> None:
+        for _ in range(2):  # membership, then the fair share
+            await one.beat()
+            await two.beat()
+        await settle(one, two)
+
+    asyncio.run(scenario())
+    assert len(one.ownership.owned()) == len(two.ownership.owned()) == 2
+    assert one.ownership.owned() | two.ownership.owned() == set(BOX_IDS)
+    assert restart_warmups(engine) == dict.fromkeys(BOX_IDS, 1)  # once per box, not once per replica
+    warmed = Counter(box for box, kind, _ in engine.log if kind == "warm")
+    assert max(warmed.values()) == 2  # two agents at most per box, each warmed once
+    assert sum(warmed.values()) == sum(len(g) for g in one.reconciler.snapshot().desired.assignment.values())  # type: ignore[union-attr,misc]
+    assert one.reconciler.ready_box_ids() == two.reconciler.ready_box_ids() == set(BOX_IDS)
+    assert one.reconciler.snapshot().routes() == two.reconciler.snapshot().routes()
+
+
+def test_a_rollout_stored_by_one_replica_drains_the_box_on_the_other(url: str) -> None:
+    engine, clock = FakeEngine(BOX_IDS), FakeClock()
+    one, two = replica(url, "one", engine, clock), replica(url, "two", engine, clock)
+
+    async def scenario() -> None:
+        for _ in range(2):
+            await one.beat()
+            await two.beat()
+        await settle(one, two)
+        drain = StateChange(drain={"b1": rollout_drain_reason("ev")})
+        assert await one.coordination.apply_deploy("ev", "rollout.started", "sha", clock.now(), drain)
+        await settle(one, two)
+
+    asyncio.run(scenario())
+    assert two.reconciler.draining() == {"b1": rollout_drain_reason("ev")}
+    assert "b1" not in (two.reconciler.ready_box_ids() or set())
+    assert "b1" in two.reconciler.drained_boxes()
+
+
+def test_the_survivor_reprobes_a_dead_replicas_boxes_before_routing_them(url: str) -> None:
+    engine, clock = FakeEngine(BOX_IDS), FakeClock()
+    one, two = replica(url, "one", engine, clock), replica(url, "two", engine, clock)
+
+    async def scenario() -> frozenset[str]:
+        for _ in range(2):
+            await one.beat()
+            await two.beat()
+        await settle(one, two)
+        inherited = one.ownership.owned()
+        probes_before = len(engine.probes())
+        clock.t += LEASES.lease_seconds  # "one" dies: it never renews again
+        await two.beat()
+        assert two.ownership.owned() == set(BOX_IDS)
+        await two.reconciler.tick()  # before the re-probes finish, nothing inherited is routed
+        assert not inherited & (two.reconciler.ready_box_ids() or set())
+        await two.reconciler.wait_idle()
+        await settle(two)
+        assert {box for box, kind, _ in engine.log[probes_before:] if kind == "probe"} >= inherited
+        return inherited
+
+    inherited = asyncio.run(scenario())
+    assert restart_warmups(engine) == dict.fromkeys(BOX_IDS, 1)  # no warm-up run again on takeover
+    assert two.reconciler.ready_box_ids() == set(BOX_IDS)
+    assert inherited
