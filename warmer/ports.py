@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from warmer.core.leases import LeaseConfig, LeaseView
@@ -173,9 +173,11 @@ class CoordinationPort(Protocol):
         at: float,
         config: LeaseConfig,
         detail: Mapping[str, object] | None = None,
+        busy: Collection[str] = (),
     ) -> LeaseView:
-        """Renew the replica and the leases it keeps, release its excess, take free boxes up to its fair
-        share, in one transaction; the leases and live replicas as it left them."""
+        """Renew the replica and the leases it keeps, release its excess (never a box it is `busy` with),
+        take free boxes up to its fair share, in one transaction; the leases and live replicas as it left
+        them."""
         ...
 
     async def release(self, replica_id: str, *, leave: bool = True) -> None:

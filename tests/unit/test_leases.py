@@ -94,3 +94,15 @@ def test_a_view_knows_live_owners_only() -> None:
     assert seen.held_by("r1") == {"a"}
     later = LeaseView(now=61.0, leases=seen.leases, live_replicas=frozenset())
     assert later.owner_of("a") is None
+
+
+def test_a_box_with_work_in_flight_is_kept_past_the_share_until_idle() -> None:
+    owners: dict[str, str | None] = {b: "r1" for b in BOXES}
+    busy = {BOXES[0], BOXES[1], BOXES[2]}
+    decision = decide("r1", BOXES, view(0.0, owners, {"r1", "r2", "r3"}), busy)
+    assert decision.renew == busy  # three busy boxes kept, though the share is two
+    assert decision.release == set(BOXES) - busy
+    idle_later = decide("r1", BOXES[:3], view(0.0, owners, {"r1", "r2", "r3"}), {BOXES[0]})
+    assert BOXES[0] in idle_later.renew
+    assert len(idle_later.renew) == 1
+    assert len(idle_later.release) == 2

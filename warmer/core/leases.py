@@ -8,7 +8,9 @@ spends engine work on it, so several replicas warm each (box, epoch, prefix) onc
   survives `lease_seconds / renew_seconds - 1` missed heartbeats (default 15 s / 5 s: two).
 - A replica is live while its own heartbeat row has not expired (renewed with its leases). The fair share
   is ceil(boxes / live replicas): a replica never takes boxes beyond it, and hands back what it holds
-  beyond it (a replica joined), the boxes it is least preferred for first.
+  beyond it (a replica joined), the boxes it is least preferred for first, but never a box it is busy
+  with (a restart warm-up or a warm in flight): that one goes at a later heartbeat, once idle, so a
+  hand-over never cuts work short for the next holder to repeat.
 - Free boxes (never leased, released, or expired) are taken in rendezvous order, so replicas starting
   together take different boxes first, and the same replica tends to get the same boxes back.
 - Takeover bound: a killed holder's leases expire at most `lease_seconds` after its last renewal, and a
@@ -106,8 +108,9 @@ def rendezvous_owner(box_id: str, replicas: Collection[str]) -> str | None:
     return max(replicas, key=lambda r: (preference(box_id, r), r), default=None)
 
 
-def decide(me: str, boxes: Collection[str], view: LeaseView) -> LeaseDecision:
-    """The heartbeat's decision for replica `me` over the fleet `boxes`, given the leases as they are."""
+def decide(me: str, boxes: Collection[str], view: LeaseView, busy: Collection[str] = ()) -> LeaseDecision:
+    """The heartbeat's decision for replica `me` over the fleet `boxes`, given the leases as they are;
+    `busy`: boxes `me` has work in flight on (kept even beyond the share, until idle)."""
     live = set(view.live_replicas) | {me}
     share = fair_share(len(boxes), len(live))
 
@@ -115,8 +118,12 @@ def decide(me: str, boxes: Collection[str], view: LeaseView) -> LeaseDecision:
         # boxes whose rendezvous owner is `me` first, then by my own preference; ties by id
         return (rendezvous_owner(box_id, live) == me, preference(box_id, me), box_id)
 
-    mine = sorted((b for b in boxes if view.owner_of(b) == me), key=rank, reverse=True)
-    keep, excess = mine[:share], mine[share:]
+    working = set(busy)
+    mine = sorted(
+        (b for b in boxes if view.owner_of(b) == me), key=lambda b: (b in working, *rank(b)), reverse=True
+    )
+    kept = max(share, sum(1 for b in mine if b in working))
+    keep, excess = mine[:kept], mine[kept:]
     free = sorted((b for b in boxes if view.owner_of(b) is None), key=rank, reverse=True)
     room = max(0, share - len(keep))
     return LeaseDecision(renew=frozenset(keep), release=frozenset(excess), take=tuple(free[:room]))

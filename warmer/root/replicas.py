@@ -37,6 +37,8 @@ class ReplicaAware(Protocol):
 
     def poke(self) -> None: ...
 
+    def busy_boxes(self) -> frozenset[str]: ...
+
     def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None: ...
 
 
@@ -61,6 +63,7 @@ class ReplicaWiring:
                 fleet=lambda: self._fleet(),
                 replica_id=settings.replicas.replica_id,
                 on_change=self._leases_changed,
+                busy=lambda: () if self._reconciler is None else self._reconciler.busy_boxes(),
             )
         else:
             holder = SoleOwnership(settings.replicas.replica_id)

@@ -82,7 +82,9 @@ class BoxOwnership:
         fleet: Callable[[], Collection[str]],
         replica_id: str | None = None,
         on_change: Callable[[frozenset[str], frozenset[str]], None] | None = None,
+        busy: Callable[[], Collection[str]] | None = None,
     ) -> None:
+        self._busy = busy or (lambda: ())  # boxes with work in flight: never handed back mid-work
         self._coordination = coordination
         self._clock = clock
         self._config = config
@@ -144,6 +146,7 @@ class BoxOwnership:
                 at=self._clock.now(),
                 config=self._config,
                 detail={"pid": os.getpid(), "host": socket.gethostname()},
+                busy=sorted(self._busy()),
             )
         except StoreError:
             self._report()

@@ -22,7 +22,7 @@ notification only delays a change to the next pass.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import delete, select, text, update
@@ -74,11 +74,12 @@ class SqlCoordination:
         at: float,
         config: LeaseConfig,
         detail: Mapping[str, object] | None = None,
+        busy: Collection[str] = (),
     ) -> LeaseView:
         """One heartbeat of `replica_id` over the fleet `boxes`, in one transaction: renew its replica row
-        and the leases it keeps, release its excess, take free boxes up to its fair share
-        (`warmer.core.leases.decide`). `at` is the replica's clock (stamped as `acquired_at`). Returns the
-        leases and live replicas as the transaction left them."""
+        and the leases it keeps, release its excess (never a `busy` one), take free boxes up to its fair
+        share (`warmer.core.leases.decide`). `at` is the replica's clock (stamped as `acquired_at`).
+        Returns the leases and live replicas as the transaction left them."""
         if not replica_id:
             raise StoreError("replica_id: must not be empty")
         fleet = sorted(set(boxes))
@@ -109,7 +110,7 @@ class SqlCoordination:
                         {"box_id": box_id, "owner": None, "acquired_at": None, "expires_at": 0.0},
                         keys=["box_id"],
                     )
-            decision = decide(replica_id, fleet, view)
+            decision = decide(replica_id, fleet, view, busy)
             changed = False
             if decision.release:
                 session.execute(

@@ -355,6 +355,10 @@ class Reconciler:
         self._rollout.undrain(box_ids, epoch_tag)
         self.poke()
 
+    def busy_boxes(self) -> frozenset[str]:
+        """Boxes with engine work in flight (a lease is not handed back mid-work: `replicas`)."""
+        return self._replicas.busy()
+
     def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
         """This replica's lease holder gained or lost boxes: work on those lost is cancelled, those gained
         are worked on from the next pass (`replicas`)."""

@@ -67,6 +67,12 @@ class ReplicaSync:
     def owns(self, box_id: str) -> bool:
         return self._gate is None or self._gate.owns(box_id)
 
+    def busy(self) -> frozenset[str]:
+        """Boxes with engine work in flight here (a restart warm-up, a warm or a probe): the lease holder
+        keeps them past its fair share until idle, so no successor repeats cut-short work."""
+        warming_up = {b for b, live in self._health.live.items() if live.warmup is WarmupStatus.RUNNING}
+        return frozenset({box_id for box_id, _ in self._runner.in_flight} | warming_up)
+
     def trusted_since(self, box_id: str) -> float:
         """Verifications of the box older than this are re-probed and not routed on: this daemon's start,
         and with several replicas the current holder's acquisition of the box."""
