@@ -29,7 +29,7 @@ from warmer.core.planner import PlannerConfig
 from warmer.core.shared_state import StateChange
 from warmer.core.warm_budget import WarmBudget
 from warmer.service.deploy import rollout_drain_reason
-from warmer.service.ownership import BoxOwnership
+from warmer.service.ownership import BoxOwnership, SoleOwnership
 from warmer.service.reconciler import Reconciler, ReconcilerConfig
 from warmer.service.replica_gate import ReplicaGate
 
@@ -161,3 +161,45 @@ def test_the_survivor_reprobes_a_dead_replicas_boxes_before_routing_them(url: st
     assert restart_warmups(engine) == dict.fromkeys(BOX_IDS, 1)  # no warm-up run again on takeover
     assert two.reconciler.ready_box_ids() == set(BOX_IDS)
     assert inherited
+
+
+def alone(url: str, engine: FakeEngine, clock: FakeClock) -> Reconciler:
+    """One daemon on its own SQLite file: every box trivially its own, deploy state from the store."""
+    store = SqlStore.from_url(url, now=clock.now)
+    gate = ReplicaGate(
+        ownership=SoleOwnership("solo"), coordination=SqlCoordination(store), configured=boxes(*BOX_IDS)
+    )
+    return Reconciler(
+        engine=engine,
+        store=store,
+        clock=clock,
+        boxes=boxes(*BOX_IDS),
+        profiles={"m": PROFILE},
+        agents={"sales": agent("sales")},
+        prefix_source=FakePrefixSource(),
+        replicas=gate,
+    )
+
+
+def test_a_restarted_daemon_keeps_a_rollout_in_progress_and_the_fleet_changes(url: str) -> None:
+    engine, clock = FakeEngine((*BOX_IDS, "b5")), FakeClock()
+
+    async def scenario() -> Reconciler:
+        first = alone(url, engine, clock)
+        await first.tick()
+        coordination = SqlCoordination(SqlStore.from_url(url, now=clock.now))
+        assert await coordination.apply_deploy(
+            "ev-1", "rollout.started", "s", 1.0, StateChange(drain={"b1": "r"})
+        )
+        added = boxes("b5")[0]
+        assert await coordination.apply_deploy("ev-2", "box.added", "s", 2.0, StateChange(add=added))
+        assert await coordination.apply_deploy("ev-3", "box.removed", "s", 3.0, StateChange(remove="b4"))
+        await first.close()
+        second = alone(url, engine, clock)  # the daemon restarted
+        await second.tick()
+        await second.close()
+        return second
+
+    second = asyncio.run(scenario())
+    assert second.draining() == {"b1": "r"}
+    assert sorted(second.fleet()) == ["b1", "b2", "b3", "b5"]
