@@ -32,7 +32,14 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from warmer.core.errors import ConfigError
-from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, ModelProfile, RetryPolicy
+from warmer.core.model import (
+    BoxSpec,
+    EngineKind,
+    EngineTimeouts,
+    KvEventsEndpoint,
+    ModelProfile,
+    RetryPolicy,
+)
 from warmer.core.webhook import BoxUrlPolicy, check_box_url_pattern
 
 CONFIG_ENV_VAR = "WARMER_CONFIG"
@@ -501,6 +508,53 @@ class DialerSettings(_Section):
     )
 
 
+def _zmq_address(value: str, what: str) -> str:
+    """A ZMQ address warmer can connect to: tcp://host:port (no wildcard) or ipc://path."""
+    parts = urlsplit(value)
+    if parts.scheme == "ipc" and len(value) > len("ipc://"):
+        return value
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or "*" in value or port is None:
+        raise ValueError(
+            f"{what} must be tcp://host:port or ipc://path (the address to connect to), got {value!r}"
+        )
+    return value
+
+
+class KvEventsSettings(_Section):
+    endpoint: str = Field(
+        description=(
+            "Address of the box's KV cache event publisher as warmer reaches it, e.g. tcp://10.0.0.5:5557 "
+            '(vLLM `--kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+            '"endpoint": "tcp://*:5557"}\'`). Evictions and restarts are then seen as they happen.'
+        )
+    )
+    replay_endpoint: str | None = Field(
+        default=None,
+        description=(
+            "Address of its replay socket (the config's `replay_endpoint`, e.g. tcp://10.0.0.5:5558): missed "
+            "events are fetched from it. Unset: a gap in the stream makes warmer fall back to probes."
+        ),
+    )
+    topic: str = Field(default="", description="The publisher's `topic` (vLLM's default is empty).")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _valid_endpoint(cls, value: str) -> str:
+        return _zmq_address(value, "endpoint")
+
+    @field_validator("replay_endpoint")
+    @classmethod
+    def _valid_replay(cls, value: str | None) -> str | None:
+        return None if value is None else _zmq_address(value, "replay_endpoint")
+
+    def endpoint_spec(self) -> KvEventsEndpoint:
+        return KvEventsEndpoint(self.endpoint, self.replay_endpoint, self.topic)
+
+
 class BoxSettings(_Section):
     id: str = Field(
         min_length=1,
@@ -535,10 +589,21 @@ class BoxSettings(_Section):
         ),
     )
 
+    kv_events: KvEventsSettings | None = Field(
+        default=None,
+        description="The box's KV cache event stream (vLLM boxes only); unset: evictions are found by probe.",
+    )
+
     @field_validator("base_url")
     @classmethod
     def _valid_base_url(cls, value: str) -> str:
         return _http_url(value, "base_url")
+
+    @model_validator(mode="after")
+    def _kv_events_on_vllm(self) -> BoxSettings:
+        if self.kv_events is not None and self.engine is not EngineKind.VLLM:
+            raise ValueError(f"kv_events is read from vllm boxes only, not {self.engine.value}")
+        return self
 
 
 class GatewaySettings(_Section):
@@ -701,6 +766,7 @@ class Settings(BaseSettings):
                     group=box.group,
                     cache_capacity_tokens=box.cache_capacity_tokens,
                     prefix_capacity=box.prefix_capacity,
+                    kv_events=None if box.kv_events is None else box.kv_events.endpoint_spec(),
                 )
             )
         return tuple(specs)
