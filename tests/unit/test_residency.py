@@ -1,24 +1,19 @@
 """Residency of warmed prefixes from KV cache events (`warmer.core.residency`).
 
-The events are built as vLLM builds them (`vllm/v1/core/block_pool.py`, `cache_full_blocks` /
-`_maybe_evict_cached_block`): one `BlockStored` per run of newly full blocks of one request, its
-`parent_block_hash` the hash of the block before the run (None from the start), `token_ids` the run's
-tokens; one `BlockRemoved` per evicted block. `FakeCache` chains hashes the same way (its own hash
-function: only the chaining matters to warmer).
+The events come from `FakeCache` (tests/unit/kv_cache_fakes.py), built as vLLM builds them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.kv_cache_fakes import BS, FakeCache
 from warmer.core.residency import (
     AllBlocksCleared,
-    BlockHash,
     BlockRemoved,
     BlockStored,
     BoxResidency,
@@ -32,47 +27,6 @@ from warmer.core.residency import (
     block_digests,
     replay_covers,
 )
-
-BS = 4  # block size of the fake engine
-
-
-@dataclass
-class FakeCache:
-    """Hash chaining as vLLM does it: a block's hash covers its parent's hash and its own tokens."""
-
-    block_size: int = BS
-    salt: int = 0  # a new process draws a new seed (NONE_HASH): same tokens, other hashes
-    copies: dict[BlockHash, int] = field(default_factory=dict)
-
-    def hashes(self, tokens: Sequence[int]) -> list[int]:
-        out: list[int] = []
-        parent: int | None = None
-        for i in range(len(tokens) // self.block_size):
-            block = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
-            parent = hash(("blk", self.salt, parent, block)) & 0xFFFF_FFFF_FFFF_FFFF
-            out.append(parent)
-        return out
-
-    def store(
-        self, tokens: Sequence[int], *, start_block: int = 0, end_block: int | None = None
-    ) -> BlockStored:
-        """The BlockStored of a request that made blocks [start_block, end_block) of `tokens` full."""
-        hashes = self.hashes(tokens)
-        end = len(hashes) if end_block is None else end_block
-        run = hashes[start_block:end]
-        for h in run:
-            self.copies[h] = self.copies.get(h, 0) + 1
-        return BlockStored(
-            block_hashes=tuple(run),
-            parent_hash=hashes[start_block - 1] if start_block else None,
-            token_ids=tuple(tokens[start_block * self.block_size : end * self.block_size]),
-            block_size=self.block_size,
-        )
-
-    def evict(self, tokens: Sequence[int], block: int) -> BlockRemoved:
-        h = self.hashes(tokens)[block]
-        self.copies[h] -= 1
-        return BlockRemoved(block_hashes=(h,))
 
 
 def ids(n: int, start: int = 100) -> list[int]:
