@@ -17,7 +17,7 @@ import json
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -128,8 +128,9 @@ async def token_prefix(engine: VllmEngine, box: BoxSpec, text: str) -> Prefix:
 Scenario = Callable[[VllmEngine, WarmExecutor, CacheEventWatcher, Recorder], Awaitable[None]]
 
 
-def run_with_watcher(kv: KvServer, scenario: Scenario) -> Recorder:
-    """Run the scenario with the box's event stream followed by warmer's watcher."""
+def run_with_watcher(kv: KvServer, scenario: Scenario, *, follow: bool = True) -> Recorder:
+    """Run the scenario with warmer's watcher (following the box's stream from the start unless not
+    `follow`: the scenario then starts it)."""
 
     async def go() -> Recorder:
         recorder = Recorder()
@@ -143,7 +144,8 @@ def run_with_watcher(kv: KvServer, scenario: Scenario) -> Recorder:
                 tokenize=engine.tokenize,
                 clock=SystemClock(),
             )
-            watcher.sync_boxes([kv.box])
+            if follow:
+                watcher.sync_boxes([kv.box])
             try:
                 await scenario(engine, WarmExecutor(engine, SystemClock()), watcher, recorder)
             finally:
@@ -210,6 +212,42 @@ def test_a_warmed_prefix_is_seen_stored_evicted_and_rewarmed(kv_server: KvServer
     assert rewarmed is not None
     assert rewarmed.state is PrefixState.RESIDENT
     assert recorder.count("reset") == 0  # every batch arrived or was replayed
+
+
+def test_a_watcher_that_missed_the_first_store_learns_the_blocks_from_a_hit(kv_server: KvServer) -> None:
+    """warmer (re)started after the warm, without a replay socket: the first store is gone for good, but
+    warmer's requests ask for "full" reports, so the next hit on the prefix names its blocks."""
+    box = kv_server.box
+    assert box.kv_events is not None
+    late_box = replace(box, kv_events=KvEventsEndpoint(box.kv_events.endpoint))  # no replay endpoint
+    seen = Seen()
+
+    async def scenario(
+        engine: VllmEngine, executor: WarmExecutor, watcher: CacheEventWatcher, recorder: Recorder
+    ) -> None:
+        prefix = await token_prefix(engine, box, unique_text())
+        assert (await executor.warm_and_verify(box, PROFILE, prefix)).verified  # before the watcher runs
+        watcher.sync_boxes([late_box])
+        await watcher.watch(late_box, prefix)
+        seen.states["joined"] = watcher.state(box.id, prefix.hash)
+        for _ in range(20):  # until the subscription is through: its first batch cannot be replayed
+            await complete(engine, box, unique_text(CPU_BLOCK_SIZE + 1))
+            if recorder.count("reset", "lost"):
+                break
+        await recorder.until("reset", "lost")
+
+        probed = await executor.probe(box, PROFILE, prefix)
+        assert probed.verified, probed.describe()
+        await recorder.until("resident", prefix.hash)
+        seen.states["after_hit"] = watcher.state(box.id, prefix.hash)
+
+    run_with_watcher(kv_server, scenario, follow=False)
+
+    joined, after_hit = seen.states["joined"], seen.states["after_hit"]
+    assert joined is not None
+    assert joined.state is PrefixState.UNKNOWN
+    assert after_hit is not None
+    assert after_hit.state is PrefixState.RESIDENT
 
 
 def test_a_restart_is_seen_as_a_sequence_reset(kv_server: KvServer) -> None:

@@ -13,15 +13,20 @@ both as arrays. The socket test speaks the publisher's framing over inproc socke
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import msgspec
 import pytest
 import zmq
 import zmq.asyncio
 
+from tests.unit.engine_shapes import FAST_RETRY, SHORT_TIMEOUTS, Script, openai_completion
+from tests.unit.engine_shapes import box as shapes_box
+from tests.unit.engine_shapes import run as shapes_run
+from warmer.adapters.engines.vllm import VllmEngine
 from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource, ZmqKvEventStream, decode_batch
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint
+from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix
 from warmer.core.residency import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 pytestmark = pytest.mark.timeout(30)
@@ -268,3 +273,21 @@ def test_replay_without_a_replay_endpoint_and_a_box_without_events_are_not_suppo
     asyncio.run(scenario())
     with pytest.raises(ValueError, match="replay_timeout_s"):
         ZmqKvEventSource(replay_timeout_s=0)
+
+
+# -- warmer's own requests to a box whose events are followed
+
+
+def test_requests_to_a_followed_box_ask_vllm_for_full_reports_of_reused_blocks() -> None:
+    followed = replace(shapes_box(EngineKind.VLLM), kv_events=KvEventsEndpoint("tcp://engine.test:5557"))
+    script = Script().on("GET", "/v1/models", {"data": [{"id": "tiny"}]})
+    script.on("POST", "/v1/completions", openai_completion(6, 0))
+    engine = VllmEngine(script.client(), timeouts=SHORT_TIMEOUTS, retry=FAST_RETRY)
+    prefix = Prefix(text="abc", token_count=3, token_ids=(1, 2, 3))
+
+    shapes_run(engine.complete_prefix(followed, prefix))
+    shapes_run(engine.complete_prefix(shapes_box(EngineKind.VLLM), prefix))
+
+    with_events, without = script.bodies("/v1/completions")
+    assert with_events["vllm_xargs"] == {"kv_cache_report_mode": "full"}
+    assert "vllm_xargs" not in without
