@@ -59,7 +59,7 @@ def test_blocks_stored_in_several_prefill_chunks_are_chained_by_parent_hash() ->
     second = box.apply([cache.store(prefix, start_block=2)])
 
     assert first == []  # half seen: still unknown, not "evicted"
-    assert box.state("p") == PrefixResidency("p", PrefixState.RESIDENT, 16, 16)
+    assert box.state("p") == PrefixResidency("p", PrefixState.RESIDENT, 16, 16, BS)
     assert states(second) == {"p": (PrefixState.RESIDENT, 16)}
 
 
@@ -143,7 +143,7 @@ def test_a_prefix_shorter_than_one_block_cannot_be_tracked() -> None:
     box.apply([cache.store(ids(8))])
     box.apply([AllBlocksCleared()])
 
-    assert box.state("short") == PrefixResidency("short", PrefixState.UNKNOWN, 0, 0)
+    assert box.state("short") == PrefixResidency("short", PrefixState.UNKNOWN, 0, 0, BS)
 
 
 def test_all_blocks_cleared_evicts_every_trackable_prefix_even_one_never_seen() -> None:
@@ -197,7 +197,7 @@ def test_a_change_is_reported_once_and_unrelated_events_report_nothing() -> None
     assert len(first) == 1
     assert unrelated == []
     assert evicted_and_back == []  # net unchanged within one batch
-    assert box.state("p") == PrefixResidency("p", PrefixState.RESIDENT, 8, 8)
+    assert box.state("p") == PrefixResidency("p", PrefixState.RESIDENT, 8, 8, BS)
 
 
 def test_rewatching_with_other_ids_replaces_the_old_chain() -> None:

@@ -126,6 +126,7 @@ class PrefixResidency:
     state: PrefixState
     resident_tokens: int  # tokens of the prefix held from its start (a hit reaches that far)
     tracked_tokens: int  # tokens in the prefix's full blocks: what RESIDENT covers (0: block size unknown)
+    block_tokens: int = 0  # the engine's block size (the largest of its groups'; 0: not known yet)
 
 
 def block_digests(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
@@ -372,5 +373,9 @@ class BoxResidency:
 
     def _view(self, watched: _Watched) -> PrefixResidency:
         return PrefixResidency(
-            watched.prefix_hash, watched.state, watched.resident_tokens, self._tracked_tokens(watched)
+            watched.prefix_hash,
+            watched.state,
+            watched.resident_tokens,
+            self._tracked_tokens(watched),
+            max(self._block_size.values(), default=0),
         )
