@@ -1,8 +1,6 @@
 """The KV event watcher (`warmer.service.cache_events`) over a fake event port (our seam).
 
-`FakePublisher` numbers batches from 0 per process and keeps a replay buffer, as vLLM's
-`ZmqEventPublisher` does (`vllm/distributed/kv_events.py`); a batch it does not deliver live is one the
-subscriber missed. Events come from `FakeCache` (tests/unit/kv_cache_fakes.py).
+The fakes (`FakePublisher`, `FakePort`, `FakeCache`) are in tests/unit/kv_cache_fakes.py.
 """
 
 from __future__ import annotations
@@ -13,108 +11,16 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tests.unit.kv_cache_fakes import FakeCache
+from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, FakeStream, TickClock
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix
-from warmer.core.residency import AllBlocksCleared, CacheEvent, EventBatch, PrefixState
+from warmer.core.residency import AllBlocksCleared, PrefixState
 from warmer.service.cache_events import CacheEventsConfig, CacheEventWatcher, ResetReason
 
 pytestmark = pytest.mark.timeout(30)
 
 BOX = BoxSpec("v1", "http://127.0.0.1:1", EngineKind.VLLM, "tiny", kv_events=KvEventsEndpoint("tcp://h:1"))
 PLAIN_BOX = BoxSpec("v2", "http://127.0.0.1:2", EngineKind.VLLM, "tiny")
-
-
-class TickClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def now(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.t += seconds
-        await asyncio.sleep(0)
-
-
-@dataclass
-class FakeStream:
-    publisher: FakePublisher
-    live: asyncio.Queue[EventBatch | Exception] = field(default_factory=asyncio.Queue)
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: bool = False
-
-    async def receive(self) -> EventBatch:
-        if self.live.empty():
-            self.idle.set()
-        item = await self.live.get()
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    async def replay(self, start_seq: int) -> list[EventBatch]:
-        self.publisher.replays.append(start_seq)
-        if self.publisher.replay_error is not None:
-            raise self.publisher.replay_error
-        return [b for b in self.publisher.buffer if b.seq >= start_seq]
-
-    async def aclose(self) -> None:
-        self.closed = True
-
-
-@dataclass
-class FakePublisher:
-    buffer_steps: int = 100
-    buffer: list[EventBatch] = field(default_factory=list)
-    next_seq: int = 0
-    replays: list[int] = field(default_factory=list)
-    replay_error: Exception | None = None
-    streams: list[FakeStream] = field(default_factory=list)
-
-    def publish(self, *events: CacheEvent, deliver: bool = True) -> EventBatch:
-        batch = EventBatch(seq=self.next_seq, ts=float(self.next_seq), events=tuple(events))
-        self.next_seq += 1
-        self.buffer = [*self.buffer, batch][-self.buffer_steps :]
-        if deliver:
-            self.deliver(batch)
-        return batch
-
-    def deliver(self, item: EventBatch | Exception) -> None:
-        stream = self.streams[-1]
-        stream.idle.clear()
-        stream.live.put_nowait(item)
-
-    def restart(self) -> None:
-        """A new engine process: numbering from 0, an empty replay buffer."""
-        self.buffer, self.next_seq = [], 0
-
-    async def settled(self) -> None:
-        """Until the watcher has taken everything delivered and waits for more."""
-        await self.streams[-1].idle.wait()
-
-
-class FakePort:
-    def __init__(self, publisher: FakePublisher) -> None:
-        self.publisher = publisher
-        self.subscribed: list[str] = []
-        self.changed = asyncio.Event()
-
-    async def subscriptions(self, count: int) -> None:
-        while len(self.subscribed) < count:
-            self.changed.clear()
-            await self.changed.wait()
-
-    def subscribe(self, box: BoxSpec) -> FakeStream:
-        self.subscribed.append(box.id)
-        self.changed.set()
-        stream = FakeStream(self.publisher)
-        self.publisher.streams.append(stream)
-        return stream
 
 
 @dataclass
