@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
@@ -20,6 +19,7 @@ from warmer.core.model import (
     WarmState,
 )
 from warmer.core.residency import EventBatch
+from warmer.core.tokenizer_drift import TokenCountObservation
 
 
 class Clock(Protocol):
