@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -26,10 +27,26 @@ import pytest
 from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer, free_port
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource
-from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, KvEventsEndpoint, ModelProfile, Prefix
+from warmer.adapters.store import SqlStore, upgrade_database
+from warmer.config.settings import Settings
+from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
+from warmer.core.model import (
+    BoxSpec,
+    EngineKind,
+    EngineTimeouts,
+    KvEventsEndpoint,
+    ModelProfile,
+    Prefix,
+    RestartRecipe,
+    WarmState,
+)
 from warmer.core.residency import PrefixResidency, PrefixState
-from warmer.root.engines import SystemClock
+from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
+from warmer.root.kv_events import cache_event_task
+from warmer.root.reconcile import reconciler_config, run_timers
 from warmer.service.cache_events import CacheEventWatcher, ResetReason
+from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler.types import ComputedPrefix
 from warmer.service.warming import WarmExecutor
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -38,6 +55,7 @@ PROFILE = ModelProfile(name="tiny-vllm-cpu", engine=EngineKind.VLLM, block_token
 GPU_BLOCKS = 8
 PROMPT_BYTES = 3 * CPU_BLOCK_SIZE + 66  # three full blocks and a partial one: 4 blocks while it runs
 EVENT_WAIT_S = 60.0  # events follow the engine step that made them; a busy 2-core box may lag
+WAIT_S = 180.0  # the reconciler's passes on a loaded 2-core machine: bounds, not expectations
 
 
 @dataclass
@@ -248,6 +266,129 @@ def test_a_watcher_that_missed_the_first_store_learns_the_blocks_from_a_hit(kv_s
     assert joined.state is PrefixState.UNKNOWN
     assert after_hit is not None
     assert after_hit.state is PrefixState.RESIDENT
+
+
+AGENT = "kv-agent"
+PROFILE = ModelProfile(
+    name="tiny-vllm-kv",
+    engine=EngineKind.VLLM,
+    block_tokens=CPU_BLOCK_SIZE,
+    context_length=512,
+    slots=2,
+    keepalive_seconds=3600.0,
+    restart=RestartRecipe(
+        sampled=None, constrained=None, burst_levels=(), long_prefill_tokens=CPU_BLOCK_SIZE
+    ),
+)
+SPEC = AgentSpec(
+    id=AGENT,
+    model=PROFILE.name,
+    blocks=(StaticBlock("persona", "You answer calls."),),
+    tail=DynamicTail("Customer: {customer_name}"),
+    placeholders=(Placeholder("customer_name", "name"),),
+)
+
+
+def test_the_reconciler_rewarms_an_evicted_prefix_on_the_event(kv_server: KvServer, tmp_path: Path) -> None:
+    """No probe and no keepalive timer: the re-warm follows the engine's `BlockRemoved`."""
+    box = kv_server.box
+    url = f"sqlite:///{tmp_path / 'warmer.db'}"
+    upgrade_database(url)
+    settings = Settings.model_validate({"reconcile": {"interval_seconds": 0.5, "health_poll_seconds": 0.5}})
+    text = unique_text(PROMPT_BYTES)
+    others = [unique_text() for _ in range(6)]
+
+    async def prefix_of(client: httpx.AsyncClient) -> Prefix:
+        response = await client.post(f"{box.base_url}/tokenize", json={"prompt": text})
+        response.raise_for_status()
+        ids = response.json()["tokens"]
+        return Prefix(text=text, token_count=len(ids), token_ids=tuple(ids), model=PROFILE.name)
+
+    async def scenario() -> list[dict[str, object]]:
+        store = SqlStore.from_url(url)
+        async with engine_http_client(settings) as client:
+            prefix = await prefix_of(client)
+
+            async def prefix_source(spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix:
+                return ComputedPrefix(prefix=prefix, engine_version="vllm /tokenize")
+
+            engines = build_engine_dispatcher(settings, client, boxes=[box], profiles={PROFILE.name: PROFILE})
+            reconciler = Reconciler(
+                engine=engines,
+                store=store,
+                clock=SystemClock(),
+                boxes=[box],
+                profiles={PROFILE.name: PROFILE},
+                agents={AGENT: SPEC},
+                prefix_source=prefix_source,
+                config=reconciler_config(settings),
+            )
+            await reconciler.start()
+            stopping = asyncio.Event()
+            events = cache_event_task(
+                fleet=reconciler.fleet, reactions=reconciler.evictions, engine=engines, clock=SystemClock()
+            )
+            tasks = [
+                asyncio.create_task(reconciler.run(stopping)),
+                asyncio.create_task(run_timers(settings, reconciler.poke, reconciler.poll_health, stopping)),
+                asyncio.ensure_future(events(stopping)),
+            ]
+
+            def record_state() -> WarmState | None:
+                records = reconciler.snapshot().records
+                found = [r for (b, _, h), r in records.items() if b == box.id and h == prefix.hash]
+                return found[0].state if found else None
+
+            async def until(what: str, check: Callable[[], bool]) -> None:
+                deadline = time.monotonic() + WAIT_S
+                while not check():
+                    assert time.monotonic() < deadline, f"timed out waiting for {what}"
+                    await asyncio.sleep(0.2)
+
+            try:
+                await until("the prefix warm", lambda: record_state() is WarmState.WARM)
+                await until(
+                    "the events to vouch for it",
+                    lambda: reconciler.evictions.still_resident(box.id, prefix.hash) is not None,
+                )
+                evicting_from = time.time()
+                for other in others:  # other traffic until the engine drops the prefix's blocks
+                    body = {"prompt": other, "max_tokens": 1, "temperature": 0}
+                    (await client.post(f"{box.base_url}/v1/completions", json=body)).raise_for_status()
+                    if record_state() is not WarmState.WARM:
+                        break
+                await until("the re-warm", lambda: _rewarmed(reconciler, box.id, prefix.hash, evicting_from))
+            finally:
+                stopping.set()
+                await asyncio.gather(*tasks)
+                await reconciler.close()
+            rows = await store.events(box_id=box.id, limit=500)
+            await store.close()
+            transitions = [
+                (row.at, dict(row.detail))
+                for row in rows
+                if row.prefix_hash == prefix.hash and row.at >= evicting_from
+            ]
+            return [detail for _, detail in sorted(transitions, key=lambda t: t[0])]
+
+    transitions = asyncio.run(scenario())
+
+    reasons = [str(t.get("reason", "")) for t in transitions]
+    assert any(r.startswith("kv event: evicted") for r in reasons), reasons
+    evicted_at = next(i for i, r in enumerate(reasons) if r.startswith("kv event: evicted"))
+    after = reasons[evicted_at + 1 :]
+    assert any(r.startswith("warm started") for r in after), reasons
+    assert any(r.startswith("verified") for r in after), reasons
+    assert not any("probe" in r for r in reasons), reasons  # the engine's word, not a probe's
+    assert not any("keepalive" in r for r in reasons), reasons
+
+
+def _rewarmed(reconciler: Reconciler, box_id: str, prefix_hash: str, since: float) -> bool:
+    records = reconciler.snapshot().records
+    return any(
+        b == box_id and h == prefix_hash and r.state is WarmState.WARM and (r.verified_at or 0.0) > since
+        for (b, _, h), r in records.items()
+    )
 
 
 def test_a_restart_is_seen_as_a_sequence_reset(kv_server: KvServer) -> None:

@@ -1,5 +1,5 @@
-"""The reconciler's reactions to KV cache events (`warmer.service.evictions`), over a fake record book and
-the real watcher fed by the fake event port (tests/unit/kv_cache_fakes.py)."""
+"""The reconciler's reactions to KV cache events (`warmer.service.reconciler.evictions`), over a fake
+record book and the real watcher fed by the fake event port (tests/unit/kv_cache_fakes.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from warmer.core.planner import WarmKey
 from warmer.core.residency import PrefixState
 from warmer.core.warmstate import RetryBackoff, transition
 from warmer.service.cache_events import CacheEventWatcher, ResetReason
-from warmer.service.evictions import EvictionReactions
+from warmer.service.reconciler.evictions import EvictionReactions
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,7 +14,7 @@ from warmer.core.model import BoxSpec
 from warmer.ports import Clock, EnginePort
 from warmer.root.supervisor import RootTask
 from warmer.service.cache_events import CacheEventWatcher
-from warmer.service.evictions import EvictionReactions
+from warmer.service.reconciler.evictions import EvictionReactions
 
 
 def follows_events(boxes: Sequence[BoxSpec]) -> bool:
