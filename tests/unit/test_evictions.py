@@ -4,15 +4,16 @@ record book and the real watcher fed by the fake event port (tests/unit/kv_cache
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 
 from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, TickClock
 from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix, WarmRecord, WarmState
+from warmer.core.plan_actions import WarmPrefix, WarmReason
 from warmer.core.planner import WarmKey
 from warmer.core.residency import PrefixState
-from warmer.core.warmstate import RetryBackoff, transition
+from warmer.core.warmstate import RetryBackoff
 from warmer.service.cache_events import CacheEventWatcher, ResetReason
 from warmer.service.reconciler.evictions import EvictionReactions
 
@@ -159,9 +160,12 @@ def test_lost_events_make_every_warm_prefix_of_the_box_due_for_a_touch() -> None
 
 
 def test_a_verified_prefix_is_followed_and_a_due_keepalive_is_renewed_from_the_events() -> None:
-    async def go() -> tuple[object, object, WarmRecord]:
+    def warm(reason: WarmReason) -> WarmPrefix:
+        return WarmPrefix("v1", "e1", PREFIX.hash, 10, 1, reason, ("sales",))
+
+    async def go() -> tuple[object, object, list[bool], Rig]:
         publisher, cache = FakePublisher(), FakeCache()
-        rig = make_rig(FakeBook())
+        rig = make_rig(FakeBook().add(record(PREFIX.hash, WarmState.STALE)))
         watcher = CacheEventWatcher(
             port=FakePort(publisher),
             listener=rig.reactions,
@@ -176,21 +180,26 @@ def test_a_verified_prefix_is_followed_and_a_due_keepalive_is_renewed_from_the_e
         await publisher.settled()
         publisher.publish(cache.store(PROMPT))
         await publisher.settled()
+        not_yet = await rig.reactions.renewed(warm(WarmReason.KEEPALIVE))  # not followed yet
         rig.reactions.verified(BOX, PREFIX)
         await idle(rig.reactions)
         resident = rig.reactions.still_resident("v1", PREFIX.hash)
-        assert resident is not None
-        event, why = rig.reactions.renewal(resident)
-        due = replace(record(PREFIX.hash, WarmState.STALE), prefix_tokens=10)
-        renewed = transition(due, event, 5.0)
-        assert "no keepalive touch" in why
+        answers = [
+            not_yet,
+            await rig.reactions.renewed(warm(WarmReason.ASSIGNED)),  # not a keepalive: sent as planned
+            await rig.reactions.renewed(warm(WarmReason.KEEPALIVE)),
+        ]
         await watcher.close()
-        return before, resident, renewed
+        return before, resident, answers, rig
 
-    before, resident, renewed = asyncio.run(go())
+    before, resident, answers, rig = asyncio.run(go())
     assert before is None
     assert getattr(resident, "state", None) is PrefixState.RESIDENT
-    assert (renewed.state, renewed.verified_at) == (WarmState.WARM, 5.0)
+    assert answers == [False, False, True]
+    [(renewed, why, previous)] = rig.book.writes
+    assert (renewed.state, renewed.verified_cached_tokens, previous) == (WarmState.WARM, 8, WarmState.STALE)
+    assert "no keepalive touch" in why
+    assert rig.pokes == []
 
 
 def test_without_a_watcher_nothing_is_followed_or_vouched_for() -> None:

@@ -38,7 +38,6 @@ from warmer.core.plan_actions import (
     Retire,
     RunRestartWarmup,
     WarmPrefix,
-    WarmReason,
 )
 from warmer.core.planner import WarmKey, WarmupStatus
 from warmer.core.warm_budget import TokenBucket, refill
@@ -133,8 +132,8 @@ class ActionRunner:
                     action.box_id, action.epoch, action.prefix_hash, WarmFailed(action.reason), action.reason
                 )
             elif isinstance(action, WarmPrefix | ProbePrefix):
-                if await self._renewed_from_events(action):
-                    continue
+                if self._evictions is not None and await self._evictions.renewed(action):
+                    continue  # a keepalive of a prefix the box's KV cache events say it holds
                 probe = isinstance(action, ProbePrefix)
                 self.start_engine_work(
                     action.box_id,
@@ -159,20 +158,6 @@ class ActionRunner:
         await self._book.write(updated, reason=reason, previous=record.state)
         if not is_serving(updated) and updated.state is not WarmState.WARMING:
             self._book.release_pin(key)
-
-    async def _renewed_from_events(self, action: WarmPrefix | ProbePrefix) -> bool:
-        """A keepalive touch of a prefix the box's KV cache events say it still holds is not sent: the
-        record is renewed from the events (`warmer.service.reconciler.evictions`)."""
-        if self._evictions is None or not (
-            isinstance(action, WarmPrefix) and action.reason is WarmReason.KEEPALIVE
-        ):
-            return False
-        resident = self._evictions.still_resident(action.box_id, action.prefix_hash)
-        if resident is None:
-            return False
-        event, why = self._evictions.renewal(resident)
-        await self._apply(action.box_id, action.epoch, action.prefix_hash, event, why)
-        return True
 
     def charge(self, box_id: str, tokens: int, now: float) -> None:
         """A pre-call warm jumps the queue but still pays the box's token budget (others then wait)."""
@@ -424,9 +409,7 @@ class ActionRunner:
             return record
         await self._book.write(updated, reason=why, previous=record.state)
         if outcome.verified and self._evictions is not None:
-            prefix = self._prefix_of(key[2])
-            if prefix is not None:
-                self._evictions.verified(self._boxes[box_id], prefix)
+            self._evictions.verified(self._boxes[box_id], self._prefix_of(key[2]))
         if outcome.verified and outcome.slot is not None:
             self._book.keep_pin(key, outcome.slot)
         elif not outcome.verified:

@@ -23,6 +23,7 @@ from typing import Protocol
 import structlog
 
 from warmer.core.model import BoxSpec, Prefix, WarmRecord, WarmState
+from warmer.core.plan_actions import ProbePrefix, WarmPrefix, WarmReason
 from warmer.core.planner import WarmKey
 from warmer.core.residency import PrefixResidency, PrefixState
 from warmer.core.warmstate import (
@@ -49,7 +50,7 @@ class RecordBook(Protocol):
 
 
 class EvictionReactions:
-    """The reconciler's `ResidencyListener`, and the two questions its action runner asks."""
+    """The reconciler's `ResidencyListener`, and what its action runner asks of the events."""
 
     def __init__(
         self,
@@ -93,10 +94,10 @@ class EvictionReactions:
 
     # -- asked by the action runner
 
-    def verified(self, box: BoxSpec, prefix: Prefix) -> None:
+    def verified(self, box: BoxSpec, prefix: Prefix | None) -> None:
         """A warm or probe verified the prefix on the box: follow it there, if the box's events are read."""
         watcher = self._watcher
-        if watcher is not None and watcher.follows(box.id):
+        if prefix is not None and watcher is not None and watcher.follows(box.id):
             self._spawn(self._watch(watcher, box, prefix), f"kv-watch:{box.id}")
 
     def still_resident(self, box_id: str, prefix_hash: str) -> PrefixResidency | None:
@@ -105,10 +106,19 @@ class EvictionReactions:
         state = None if watcher is None else watcher.state(box_id, prefix_hash)
         return state if state is not None and state.state is PrefixState.RESIDENT else None
 
-    def renewal(self, residency: PrefixResidency) -> tuple[WarmEvent, str]:
-        """The transition (and its reason) that renews a due keepalive from the events."""
-        event = ProbeWarm(residency.tracked_tokens, max(residency.block_tokens, 1))
-        return event, f"kv events: still resident ({residency.tracked_tokens} tokens), no keepalive touch"
+    async def renewed(self, action: WarmPrefix | ProbePrefix) -> bool:
+        """A keepalive touch of a prefix the events say the box holds is not sent: the record is renewed
+        from them (`ProbeWarm` with its full-block tokens). True when that replaced the action."""
+        if not (isinstance(action, WarmPrefix) and action.reason is WarmReason.KEEPALIVE):
+            return False
+        resident = self.still_resident(action.box_id, action.prefix_hash)
+        if resident is None:
+            return False
+        event = ProbeWarm(resident.tracked_tokens, max(resident.block_tokens, 1))
+        why = f"kv events: still resident ({resident.tracked_tokens} tokens), no keepalive touch"
+        return await self._apply(
+            action.box_id, action.prefix_hash, event, why, poke=False, epoch=action.epoch
+        )
 
     async def wait_idle(self) -> None:
         """Until the work started so far is done (tests step with this)."""
@@ -135,8 +145,17 @@ class EvictionReactions:
     async def _watch(self, watcher: CacheEventWatcher, box: BoxSpec, prefix: Prefix) -> None:
         await watcher.watch(box, prefix)
 
-    async def _apply(self, box_id: str, prefix_hash: str, event: WarmEvent, why: str, *, poke: bool) -> bool:
-        epoch = self._epoch_of(box_id)
+    async def _apply(
+        self,
+        box_id: str,
+        prefix_hash: str,
+        event: WarmEvent,
+        why: str,
+        *,
+        poke: bool,
+        epoch: str | None = None,
+    ) -> bool:
+        epoch = epoch or self._epoch_of(box_id)
         if epoch is None:
             return False
         key = (box_id, epoch, prefix_hash)
