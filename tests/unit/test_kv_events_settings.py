@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from warmer.config.settings import load_settings
+from warmer.config.webhook_payloads import parse_deploy_event
 from warmer.core.errors import ConfigError
 from warmer.core.model import KvEventsEndpoint
+from warmer.core.webhook import BoxUrlPolicy, InvalidEvent
 
 BOX = """
 [[fleet.boxes]]
@@ -83,3 +86,23 @@ def test_kv_events_on_another_engine_is_refused(tmp_path: Path) -> None:
 def test_an_ipc_address_is_accepted(tmp_path: Path) -> None:
     text = BOX.format(engine="vllm") + "[fleet.boxes.kv_events]\nendpoint = 'ipc:///run/vllm/kv'\n"
     assert load(tmp_path, text) == (KvEventsEndpoint("ipc:///run/vllm/kv"),)
+
+
+def test_a_box_added_by_a_deploy_event_may_not_name_event_sockets() -> None:
+    # The event's base_url must pass the allowlist; a ZMQ address would be a connection it does not cover.
+    body = {
+        "kind": "box.added",
+        "id": "add-1",
+        "occurred_at": 1700000000,
+        "box": {
+            "id": "v9",
+            "base_url": "http://10.0.9.3:8000",
+            "engine": "vllm",
+            "model": "tiny",
+            "kv_events": {"endpoint": "tcp://10.0.9.3:5557"},
+        },
+    }
+    with pytest.raises(InvalidEvent) as caught:
+        parse_deploy_event(json.dumps(body), box_url_policy=BoxUrlPolicy(("http://10.0.9.*:8000",)))
+    assert [path for path, _ in caught.value.problems] == ["box.kv_events"]
+    assert "config file only" in caught.value.problems[0][1]
