@@ -139,6 +139,7 @@ class Demand:
 
     ordered: list[AgentDemand]
     seeds: dict[str, int]
+    positions: dict[str, Position]
     wanted: dict[str, int]
     dedicated: frozenset[str]
     incumbents: dict[str, list[str]]  # placeable agents only (their model has boxes)
@@ -194,19 +195,34 @@ def prepare(
     check_agents(agents)
     known = seeds or {}
     seed_of = {a.agent_id: known.get(a.agent_id) or stable_seed("agent", a.agent_id) for a in agents}
-    ordered = sorted(agents, key=lambda a: position(a, config, seed_of[a.agent_id]))
+    wanted = {a.agent_id: config.wanted_group_size(a) for a in agents}
+    dedicated = frozenset(a.agent_id for a in agents if config.is_dedicated(a))
+    positions: dict[str, Position] = {
+        a.agent_id: (
+            a.agent_id not in dedicated,
+            -wanted[a.agent_id],
+            -a.calls_per_minute,
+            seed_of[a.agent_id],
+            a.agent_id,
+        )
+        for a in agents
+    }  # `position`, with what is known already
+    ordered = sorted(agents, key=lambda a: positions[a.agent_id])
     unplaced: dict[str, UnplacedReason] = {}
     incumbents: dict[str, list[str]] = {}
     for agent in ordered:
         if not index.serves(agent.model):
             unplaced[agent.agent_id] = UnplacedReason.NO_BOXES
-        else:
+        elif previous and agent.agent_id in previous:
             incumbents[agent.agent_id] = incumbents_of(agent, previous, spec, index)
+        else:
+            incumbents[agent.agent_id] = []
     return Demand(
         ordered=ordered,
         seeds=seed_of,
-        wanted={a.agent_id: config.wanted_group_size(a) for a in agents},
-        dedicated=frozenset(a.agent_id for a in agents if config.is_dedicated(a)),
+        positions=positions,
+        wanted=wanted,
+        dedicated=dedicated,
         incumbents=incumbents,
         unplaced=unplaced,
     )
@@ -281,7 +297,7 @@ def _chain(first: Sequence[str], rest: Iterator[str]) -> Iterator[str]:
 
 
 def index_boxes(
-    boxes: Sequence[BoxSpec], eligible: Collection[str] | None, buckets: int
+    boxes: Sequence[BoxSpec], eligible: Collection[str] | None, buckets: int, *, keep: bool = True
 ) -> tuple[BoxIndex, dict[str, BoxSpec]]:
     spec: dict[str, BoxSpec] = {}
     for box in boxes:
@@ -289,7 +305,7 @@ def index_boxes(
             raise ValueError(f"boxes: duplicate box id {box.id!r}")
         spec[box.id] = box
     allowed = set(eligible) if eligible is not None else None
-    index = BoxIndex(buckets)
+    index = BoxIndex(buckets, keep=keep)
     for box in boxes:
         if allowed is None or box.id in allowed:
             index.add(box.id, box.model)
@@ -311,7 +327,7 @@ def place(
     quieter agents they displace, not everyone whose turn in the busiest-first order changed.
     """
     config = config or PlacementConfig()
-    index, spec = index_boxes(boxes, eligible, config.hash_buckets)
+    index, spec = index_boxes(boxes, eligible, config.hash_buckets, keep=False)
     placement, _ = place_indexed(spec, index, agents, config, previous)
     return placement
 
@@ -325,10 +341,14 @@ def place_indexed(
     *,
     seeds: Mapping[str, int] | None = None,
     trace: dict[str, Step] | None = None,
+    positions: dict[str, Position] | None = None,
 ) -> tuple[Placement, bool]:
     """`place` over an index that may hold rankings from earlier calls, and whether the single pass was the
-    answer; `trace`, when given, receives each agent's step of that pass (emptied when it was not)."""
+    answer; `trace`, when given, receives each agent's step of that pass (emptied when it was not), and
+    `positions` each agent's turn."""
     demand = prepare(agents, config, spec, index, previous, seeds)
+    if positions is not None:
+        positions.update(demand.positions)
     fill = Fill(spec, config, demand.dedicated)
     unplaced = demand.unplaced
     single = single_pass(demand, index, fill, trace)

@@ -101,6 +101,6 @@ class Lanes:
         """The index of the member this agent ranks first (the bucket choice needs only that)."""
         return max(self.keys(agent_seed)) & INDEX_MASK
 
-    def ranked_keys(self, agent_seed: int) -> array.array[int]:
+    def ranked_keys(self, agent_seed: int) -> list[int]:
         """Every member's key, best first (`key & INDEX_MASK` is the member's index)."""
-        return array.array("Q", sorted(self.keys(agent_seed), reverse=True))
+        return sorted(self.keys(agent_seed), reverse=True)

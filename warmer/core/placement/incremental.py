@@ -87,6 +87,11 @@ class PlacementState:
 
     # ------------------------------------------------------------------------------------------ editing
 
+    def rebuild(self) -> frozenset[str]:
+        """Place everything again over the kept rankings (what an edit falls back to while caps leave an
+        agent without a box); returns the agents whose outcome changed (none: it is exact)."""
+        return self._rebuild()
+
     def add_box(self, box: BoxSpec, *, eligible: bool = True) -> frozenset[str]:
         if box.id in self._spec:
             raise ValueError(f"boxes: duplicate box id {box.id!r}")
@@ -205,9 +210,10 @@ class PlacementState:
         before = dict(getattr(self, "_groups", {}))
         unplaced_before = dict(getattr(self, "_unplaced", {}))
         trace: dict[str, Step] = {}
+        self._pos: dict[str, Position] = {}
         placed, single = place_indexed(
             self._spec, self._index, list(self._agents.values()), self._config, self._previous,
-            seeds=self._seeds, trace=trace,
+            seeds=self._seeds, trace=trace, positions=self._pos,
         )  # fmt: skip
         self._groups: dict[str, tuple[str, ...]] = dict(placed.groups)
         self._wanted: dict[str, int] = dict(placed.wanted)
@@ -217,9 +223,6 @@ class PlacementState:
         for agent in self._agents.values():
             if agent.prefix_hash:
                 self._by_prefix.setdefault(agent.prefix_hash, {})[agent.agent_id] = agent
-        self._pos: dict[str, Position] = {
-            a: position(agent, self._config, self._seeds[a]) for a, agent in self._agents.items()
-        }
         self._previous_by_box: dict[str, set[str]] = {}
         for agent_id, group in self._previous.items():
             self._note_previous(agent_id, (), group)
@@ -228,20 +231,28 @@ class PlacementState:
         self._examiners: dict[str, set[str]] = {}
         self._entered: dict[tuple[str, int], set[str]] = {}
         self._pending: list[str] = []
-        for agent_id, step in trace.items():
-            self._register(agent_id, step)
+        for agent_id, step in trace.items():  # in turn order: each box's takers come out sorted
+            self._register(agent_id, step, in_order=True)
         return frozenset(
             a
             for a in before.keys() | self._groups.keys() | unplaced_before.keys() | self._unplaced.keys()
             if before.get(a) != self._groups.get(a) or unplaced_before.get(a) != self._unplaced.get(a)
         )
 
-    def _register(self, agent_id: str, step: Step) -> None:
+    def _register(self, agent_id: str, step: Step, *, in_order: bool = False) -> None:
         pos, model = self._pos[agent_id], self._agents[agent_id].model
+        examiners, takers = self._examiners, self._takers
         for box_id in step.examined:
-            self._examiners.setdefault(box_id, set()).add(agent_id)
+            seen = examiners.get(box_id)
+            if seen is None:
+                examiners[box_id] = {agent_id}
+            else:
+                seen.add(agent_id)
         for box_id in step.chosen:
-            bisect.insort(self._takers.setdefault(box_id, []), (pos, agent_id))
+            if in_order:
+                takers.setdefault(box_id, []).append((pos, agent_id))
+            else:
+                bisect.insort(takers.setdefault(box_id, []), (pos, agent_id))
         for number in step.entered:
             self._entered.setdefault((model, number), set()).add(agent_id)
 

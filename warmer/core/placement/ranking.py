@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import array
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from warmer.core.placement.hashing import INDEX_MASK, Lanes, sort_key, stable_seed
@@ -30,7 +30,7 @@ class _Ranking:
     seed: int
     first: int
     order: list[int] | None = None  # every bucket, best first, once a walk goes past the first
-    members: dict[int, array.array[int]] = field(default_factory=dict)  # bucket -> member keys, best first
+    members: dict[int, Sequence[int]] = field(default_factory=dict)  # bucket -> member keys, best first
 
 
 @dataclass(slots=True)
@@ -46,7 +46,9 @@ class _Bucket:
 class BoxIndex:
     """The eligible boxes of every model, bucketed by their own id, and the agents' rankings of them."""
 
-    def __init__(self, buckets: int) -> None:
+    def __init__(self, buckets: int, *, keep: bool = True) -> None:
+        """`keep`: hold each agent's rankings for later calls (a one-off placement does not)."""
+        self._keep = keep
         self._bucket_seeds = [stable_seed("bucket", str(i)) for i in range(buckets)]
         self._bucket_lanes = Lanes(self._bucket_seeds)
         self._models: dict[str, list[_Bucket]] = {}
@@ -120,7 +122,8 @@ class BoxIndex:
         ranking = self._rankings.get(agent_id)
         if ranking is None or ranking.model != model or ranking.seed != seed:
             ranking = _Ranking(model, seed, self._bucket_lanes.best(seed))
-            self._rankings[agent_id] = ranking
+            if self._keep:
+                self._rankings[agent_id] = ranking
         return ranking
 
     def walk(self, agent_id: str, seed: int, model: str, entered: list[int] | None = None) -> Iterator[str]:
@@ -144,8 +147,11 @@ class BoxIndex:
             if keys is None:
                 if bucket.lanes is None:
                     bucket.lanes = Lanes(bucket.seeds)
-                keys = ranking.members[number] = bucket.lanes.ranked_keys(seed)
-                bucket.ranked_by.add(agent_id)
+                if self._keep:
+                    keys = ranking.members[number] = array.array("Q", bucket.lanes.ranked_keys(seed))
+                    bucket.ranked_by.add(agent_id)
+                else:
+                    keys = bucket.lanes.ranked_keys(seed)
             for key in keys:
                 yield ids[key & INDEX_MASK]
 
