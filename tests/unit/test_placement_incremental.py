@@ -198,3 +198,27 @@ def test_edits_name_unknown_and_duplicate_ids() -> None:
     with pytest.raises(ValueError, match=r"agents\['s2'\].prefix_tokens"):
         state.set_agent(AgentDemand("s2", "m1", 11, prefix_hash="p"))
     assert "s2" not in state.placement().wanted  # a rejected edit changes nothing
+
+
+def test_update_follows_inputs_rebuilt_every_pass() -> None:
+    """The reconciler rebuilds boxes, agents, eligibility and routing every pass: `update` finds the edits."""
+    config = PlacementConfig(max_agents_per_box=6, min_group_size=1, max_group_size=2, hash_buckets=4)
+    fleet = [box(i, "m1", 4000, None) for i in range(12)]
+    demand = [AgentDemand(f"a{i}", "m1", 900, calls_per_minute=float(i * 7 % 50)) for i in range(30)]
+    state = PlacementState(fleet, demand, config)
+    routing = dict(state.placement().groups)
+    fleet2 = [b for b in fleet if b.id != "b3"] + [box(20, "m1", None, None)]
+    fleet2[0] = replace(fleet2[0], cache_capacity_tokens=1000)
+    demand2 = [replace(a, calls_per_minute=60.0) if a.agent_id == "a4" else a for a in demand[1:]]
+    demand2.append(AgentDemand("a99", "m1", 900))
+    eligible = {b.id for b in fleet2} - {"b5"}
+    changed = state.update(fleet2, demand2, eligible=eligible, previous=routing)
+    # in the state's order: known boxes where they were, the new box last
+    order = [b for b in fleet if b.id != "b3"]
+    order[0] = fleet2[0]
+    expected = place([*order, fleet2[-1]], demand2, config, eligible=eligible, previous=routing)
+    assert state.placement() == expected
+    assert {"a0", "a99"} <= changed  # the agent that left, the one that came
+    assert state.update(fleet2, demand2, eligible=eligible, previous=routing) == frozenset()
+    with pytest.raises(ValueError, match="duplicate box id 'b0'"):
+        state.update([*fleet2, fleet2[0]], demand2)

@@ -22,6 +22,7 @@ from warmer.core.placement.greedy import (
     Step,
     check_agents,
     incumbents_of,
+    index_boxes,
     place_indexed,
     position,
 )
@@ -86,6 +87,43 @@ class PlacementState:
         return self._steps is not None
 
     # ------------------------------------------------------------------------------------------ editing
+
+    def update(
+        self,
+        boxes: Sequence[BoxSpec],
+        agents: Sequence[AgentDemand],
+        *,
+        eligible: Collection[str] | None = None,
+        previous: Mapping[str, Sequence[str]] | None = None,
+    ) -> frozenset[str]:
+        """Bring the state to these inputs edit by edit (a caller that rebuilds its inputs every pass, like
+        the reconciler): costs a diff over them plus the edits found. New boxes and agents count as given
+        after the known ones."""
+        fresh = {box.id: box for box in boxes}
+        if len(fresh) != len(boxes):
+            index_boxes(boxes, None, 1)  # names the duplicate
+        check_agents(agents)  # bad input changes nothing
+        changed: set[str] = set()
+        for box_id in [b for b in self._spec if b not in fresh]:
+            changed |= self.remove_box(box_id)
+        for box in boxes:
+            old = self._spec.get(box.id)
+            admitted = eligible is None or box.id in eligible
+            if old is None:
+                changed |= self.add_box(box, eligible=admitted)
+                continue
+            if old != box:
+                changed |= self.replace_box(box)
+            if self._is_eligible(box.id) != admitted:
+                changed |= self.set_eligible(box.id, admitted)
+        wanted = {agent.agent_id for agent in agents}
+        for agent_id in [a for a in self._agents if a not in wanted]:
+            changed |= self.remove_agent(agent_id)
+        for agent in agents:
+            changed |= self.set_agent(agent)
+        if previous is not None:
+            changed |= self.set_previous(previous)
+        return frozenset(changed)
 
     def rebuild(self) -> frozenset[str]:
         """Place everything again over the kept rankings (what an edit falls back to while caps leave an
