@@ -225,6 +225,15 @@ def edit_steps(boxes: list[BoxSpec], agents: list[AgentDemand], full_s: float) -
         mirror()
         assert state.placement() == place(boxes, agents, CONFIG), f"{name}: incremental differs from full"
         rows.append((f"incremental: {name} ({len(changed)} agents moved)", seconds, full_s, "full place()"))
+    # the reconciler's shape: every input rebuilt, one agent quieter, and the routing as the placement
+    routing = dict(state.placement().groups)
+    state.set_previous(routing)  # settled: routing is the placement (not timed: every agent re-runs once)
+    agents[50] = dataclasses.replace(agents[50], calls_per_minute=5.0)
+    changed, seconds = cpu(lambda: state.update(list(boxes), list(agents), previous=routing))
+    assert state.placement() == place(boxes, agents, CONFIG, previous=routing)
+    rows.append(
+        (f"update(): diff all inputs, 1 edit found ({len(changed)} moved)", seconds, full_s, "full place()")
+    )
     return rows
 
 
