@@ -222,3 +222,15 @@ def test_update_follows_inputs_rebuilt_every_pass() -> None:
     assert state.update(fleet2, demand2, eligible=eligible, previous=routing) == frozenset()
     with pytest.raises(ValueError, match="duplicate box id 'b0'"):
         state.update([*fleet2, fleet2[0]], demand2)
+    held_back = box(21, "m1", None, None)  # known to the fleet, not admitted yet
+    state.update([*fleet2, held_back], demand2, eligible=eligible, previous=routing)
+    assert state.placement() == expected
+    assert not any("b21" in group for group in state.placement().groups.values())
+
+
+def test_a_box_added_but_not_admitted_serves_nobody() -> None:
+    state = PlacementState([box(0, "m1", None, None)], [AgentDemand("a", "m1", 10)])  # wants 2 boxes
+    assert state.add_box(box(1, "m1", None, None), eligible=False) == frozenset()
+    assert state.placement().groups == {"a": ("b0",)}
+    assert state.set_eligible("b1", True) == {"a"}
+    assert state.placement().groups["a"] in {("b0", "b1"), ("b1", "b0")}

@@ -63,6 +63,7 @@ class PlacementState:
         self._eligible = set(eligible) if eligible is not None else None
         self._previous = {a: tuple(g) for a, g in (previous or {}).items()}
         self._seeds = {a: stable_seed("agent", a) for a in self._agents}
+        self._next_order = len(self._order)
         self._index = BoxIndex(self._config.hash_buckets)
         for box in boxes:
             if self._is_eligible(box.id):
@@ -136,8 +137,11 @@ class PlacementState:
     def add_box(self, box: BoxSpec, *, eligible: bool = True) -> frozenset[str]:
         if box.id in self._spec:
             raise ValueError(f"boxes: duplicate box id {box.id!r}")
+        if not eligible and self._eligible is None:
+            self._eligible = set(self._spec)
         self._spec[box.id] = box
-        self._order[box.id] = max(self._order.values(), default=-1) + 1
+        self._order[box.id] = self._next_order
+        self._next_order += 1
         if self._eligible is not None and eligible:
             self._eligible.add(box.id)
         return self._join(box.id) if self._is_eligible(box.id) else frozenset()
