@@ -301,13 +301,13 @@ class PlacementState:
         for number in step.entered:
             self._entered.setdefault((model, number), set()).add(agent_id)
 
-    def _withdraw(self, agent_id: str, *, dirty: bool) -> tuple[list[str], list[str]]:
-        """Undo an agent's step; with `dirty`, the later agents that looked at its boxes must re-run.
-        Returns its old group and the agents to re-run."""
+    def _withdraw(self, agent_id: str, *, dirty: bool) -> list[str]:
+        """Undo an agent's step and return its old group; with `dirty`, the later agents that looked at
+        its boxes are queued to re-run (an edit: the agent's turn or what it holds may change)."""
         assert self._steps is not None
         step = self._steps.pop(agent_id, None)
         if step is None:
-            return [], []
+            return []
         pos, model = self._pos[agent_id], self._agents[agent_id].model
         for box_id in step.examined:
             self._examiners.get(box_id, set()).discard(agent_id)
@@ -317,9 +317,9 @@ class PlacementState:
                 takers.remove((pos, agent_id))
         for number in step.entered:
             self._entered.get((model, number), set()).discard(agent_id)
-        rerun = self._later_examiners(step.chosen, pos) if dirty else []
-        self._pending.extend(rerun)
-        return step.chosen, rerun
+        if dirty:
+            self._pending.extend(self._later_examiners(step.chosen, pos))
+        return step.chosen
 
     def _later_examiners(self, boxes: Iterable[str], pos: Position) -> list[str]:
         return [q for box_id in boxes for q in self._examiners.get(box_id, ()) if self._pos[q] > pos]
@@ -369,7 +369,7 @@ class PlacementState:
         self._pending.clear()
         while queue:
             pos, agent_id = heapq.heappop(queue)
-            old, _ = self._withdraw(agent_id, dirty=False)
+            old = self._withdraw(agent_id, dirty=False)
             new = self._rerun(self._agents[agent_id], pos)
             if new is None:
                 return frozenset(changed | self._rebuild())  # an agent without a box: coverage first
