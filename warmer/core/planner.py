@@ -4,6 +4,8 @@
 asks for the same things, so a missed event or a daemon restart only delays a fix by one tick. The executor
 (a service) carries out the actions in order and reports results back as warm-state events
 (`warmer.core.warmstate`). Readiness (`box_ready`) and routing (`routes`) are pure answers over the same data.
+Each box is planned from its own slice of the world (`PlanIndex`), so `plan_boxes` can re-plan one box, or
+the boxes of one agent after a pre-call ask, without a pass over the fleet.
 
 Order of work per box: restart warm-up of the current epoch first (no prefix warm before it is done), then
 prefixes of agents with pre-call asks, then active campaigns, then other active agents, then keepalive
