@@ -11,28 +11,27 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from warmer.core.model import ModelProfile, WarmRecord, WarmState
-from warmer.core.planner import (
+from warmer.core.plan_actions import (
     AbandonWarm,
     Action,
-    Desired,
     MarkStale,
-    Observed,
     Plan,
-    PlannerConfig,
-    PrefixRef,
     ProbePrefix,
     ProbeReason,
     Retire,
     RunRestartWarmup,
-    TokenBucket,
-    WarmBudget,
     WarmPrefix,
     WarmReason,
+)
+from warmer.core.planner import (
+    Desired,
+    Observed,
+    PlannerConfig,
+    PrefixRef,
     WarmupStatus,
     active_agents,
-    refill,
-    try_spend,
 )
+from warmer.core.warm_budget import TokenBucket, WarmBudget, refill, try_spend
 from warmer.core.warmstate import retry_at
 
 _REASON_RANK = {

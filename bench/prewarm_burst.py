@@ -46,12 +46,15 @@ from warmer.core.model import (
     WarmState,
 )
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, Route, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.readiness import Route
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import SystemClock
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
 from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
 from warmer.service.reconciler import Reconciler
 from warmer.service.warming import WarmExecutor
+from warmer.testing import is_probe
 
 PREFIX_TOKENS = 1500
 PROFILE = ModelProfile(
@@ -92,7 +95,7 @@ class TimedEngine:
         rank: int | None = None,
     ) -> CompletionReport:
         assert prefix.token_ids is not None
-        (self.probes if suffix.startswith("\n#probe") else self.warms)[box.id] += 1
+        (self.probes if is_probe(suffix) else self.warms)[box.id] += 1
         async with self.slots[box.id]:
             hit = prefix.token_ids in self.caches[box.id]
             await asyncio.sleep(0.001 if hit else self.warm_seconds)

@@ -36,7 +36,7 @@ def mixed_keys(agent_seeds: U64, seeds: U64) -> U64:
 
 def with_numpy(agent_seeds: list[int], bucket_seeds: list[int], members: list[list[int]]) -> list[list[int]]:
     seeds = np.array(agent_seeds, dtype=np.uint64)
-    first = (mixed_keys(seeds, np.array(bucket_seeds, dtype=np.uint64)).max(axis=1) & np.uint64(INDEX_MASK))
+    first = mixed_keys(seeds, np.array(bucket_seeds, dtype=np.uint64)).max(axis=1) & np.uint64(INDEX_MASK)
     out: list[list[int]] = [[] for _ in agent_seeds]
     for bucket in range(len(bucket_seeds)):
         rows = np.nonzero(first == bucket)[0]

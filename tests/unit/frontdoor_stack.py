@@ -23,7 +23,7 @@ from pydantic import SecretStr
 from tests.unit.reconciler_fakes import PROFILE, FakeClock, SpecTextPrefixSource, World, agent, settle, world
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
-from warmer.config.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
+from warmer.config.server_settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.core.errors import StoreUnavailable
 from warmer.core.webhook import SIGNATURE_HEADER, BoxUrlPolicy, sign_body
 from warmer.service.campaigns import CampaignService

@@ -24,9 +24,11 @@ from warmer.core.model import (
     RestartRecipe,
 )
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver, ReconcilerConfig
 from warmer.service.reconciler import Reconciler
+from warmer.testing import is_probe
 
 PREFIX_TOKENS = 500
 PROFILE = ModelProfile(
@@ -37,7 +39,6 @@ PROFILE = ModelProfile(
     keepalive_seconds=240.0,
     restart=RestartRecipe(burst_levels=(1, 4), long_prefill_margin_tokens=64),
 )
-PROBE_MARK = "\n#probe"
 
 
 class FakeClock:
@@ -119,7 +120,7 @@ class FakeEngine:
     ) -> CompletionReport:
         if self.gate is not None:
             await self.gate.wait()
-        kind = "probe" if suffix.startswith(PROBE_MARK) else "warm"
+        kind = "probe" if is_probe(suffix) else "warm"
         self.log.append((box.id, kind, suffix))
         (self.probe_requests if kind == "probe" else self.warm_requests)[box.id] += 1
         self.prefix_log.append((box.id, kind, self.clock.now() if self.clock is not None else 0.0))

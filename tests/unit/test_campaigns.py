@@ -28,7 +28,8 @@ from warmer.core.campaigns import (
 )
 from warmer.core.model import Campaign, WarmState
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.campaigns import (
     CampaignService,
     ScheduleFileInvalid,

@@ -44,7 +44,8 @@ from warmer.core.capacity import (
 )
 from warmer.core.hitrate import cache_stats_from_metrics
 from warmer.core.model import BoxSpec, CacheStats, EngineKind, ModelProfile
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.capacity import OfflineCallTokens, capacity_config
 from warmer.root.metrics import CapacityMetrics, Metrics
 from warmer.service.capacity import (

@@ -8,31 +8,30 @@ from dataclasses import replace
 import pytest
 
 from warmer.core.model import BoxSpec, Campaign, EngineKind, ModelProfile, WarmRecord, WarmState
-from warmer.core.planner import (
+from warmer.core.plan_actions import (
     AbandonWarm,
-    BoxObservation,
-    Desired,
     MarkStale,
-    Observed,
-    PlannerConfig,
-    PrefixRef,
     ProbePrefix,
     ProbeReason,
     Retire,
     RunRestartWarmup,
-    TokenBucket,
-    WarmBudget,
     WarmPrefix,
     WarmReason,
+)
+from warmer.core.planner import (
+    BoxObservation,
+    Desired,
+    Observed,
+    PlannerConfig,
+    PrefixRef,
     WarmupStatus,
-    agent_warmth,
-    box_ready,
     index_plan,
     keepalive_due_at,
     plan,
     plan_boxes,
-    routes,
 )
+from warmer.core.readiness import agent_warmth, box_ready, routes
+from warmer.core.warm_budget import TokenBucket, WarmBudget
 
 PLAIN = ModelProfile(name="plain", engine=EngineKind.LLAMACPP, keepalive_seconds=240.0)
 HYBRID = ModelProfile(name="hybrid", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=3)

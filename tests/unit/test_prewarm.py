@@ -20,7 +20,9 @@ from tests.unit.reconciler_fakes import FakeClock, routed_boxes, settle, world
 from tests.unit.reconciler_fakes import boxes as box_specs
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.model import BoxSpec, WarmState
-from warmer.core.planner import PlannerConfig, Route, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.readiness import Route
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.prewarm import (
     CallVolumeMeter,
     PrewarmAnswer,

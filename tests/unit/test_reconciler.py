@@ -34,7 +34,8 @@ from warmer.adapters.store import SqlStore
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.metrics import ReconcileMetrics
 from warmer.service.reconcile_types import UnknownAgent
 from warmer.service.restart import RestartWarmup, burst_levels
@@ -739,5 +740,6 @@ def test_a_pre_call_ask_for_a_warm_agent_does_not_wake_the_loop(store_url: str) 
         cold = await w.reconciler.ensure_warm("support", wait_seconds=0.0)
         assert not cold.routed
         assert w.reconciler._wake.is_set()
+        await w.reconciler.drain()  # the warm the cold ask started
 
     asyncio.run(scenario())

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR
 from tests.unit.reconciler_fakes import FakeClock, FakeEngine
 from warmer.adapters.store import SqlStore, read_prefix_token_history
-from warmer.cli.prompts import lint_command
+from warmer.cli.lint import lint_command
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profiles
 from warmer.config.tokenizer import offline_engine_version

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 from warmer.api.bodies import BodyTooLarge, read_limited
 from warmer.api.schemas import DeployAnswer, described, inline_json_schema
 from warmer.api.services import ApiServices
-from warmer.config.events import DeployEvent
+from warmer.config.webhook_payloads import DeployEvent
 from warmer.core.webhook import SIGNATURE_HEADER
 from warmer.service.deploy import DeployOutcome, DeployResult
 

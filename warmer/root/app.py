@@ -2,8 +2,8 @@
 from settings; `Daemon.run()` prepares the database, then supervises the named root tasks until a signal.
 
 Everything I/O is created here and nowhere else, and every piece is injectable (store factory, database
-preparation, HTTP transport) so tests swap real parts for fakes at our own seams. Later features add their
-root tasks with `daemon.supervisor.add(name, task)` and their API needs as `ApiServices` fields.
+preparation, HTTP transport) so tests swap real parts for fakes at our own seams. Root tasks are added with
+`daemon.supervisor.add(name, task)`, and what the API needs as `ApiServices` fields.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from warmer.root.capacity import OfflineCallTokens, capacity_config, run_capacit
 from warmer.root.deploy import build_deploy_service
 from warmer.root.dialer import DialerWiring
 from warmer.root.discovery import run_discovery
-from warmer.root.engines import SystemClock, build_engine_dispatcher
+from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.frontdoor import (
     CurrentFleet,
     ReconcilerReadiness,
@@ -465,13 +465,7 @@ def build(
 ) -> Daemon:
     """Wire a daemon from settings. Nothing starts until `Daemon.run()`."""
     profiles = profiles or {}
-    timeouts = settings.engine_timeouts()
-    http = httpx.AsyncClient(
-        timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
-        transport=transport,
-        follow_redirects=False,  # only ever call registered engine URLs, never where a redirect points
-        headers={"user-agent": f"warmer/{warmer.__version__}"},
-    )
+    http = engine_http_client(settings, transport=transport)
     return Daemon(
         settings=settings,
         profiles=profiles,

@@ -10,9 +10,10 @@ from pathlib import Path
 import httpx
 
 from warmer.adapters.discovery import KubernetesPods, PodTemplate
-from warmer.config.settings import KubernetesDiscoverySettings
+from warmer.config.fleet_settings import KubernetesDiscoverySettings
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.root.engines import SystemClock
+from warmer.root.http import http_client
 from warmer.service.discovery import FleetDiscovery, FleetEditor
 
 
@@ -57,7 +58,7 @@ async def run_discovery(
 ) -> None:
     """The `discovery` root task."""
     verify: str | bool = str(discovery.ca_file) if discovery.ca_file is not None else True
-    async with httpx.AsyncClient(verify=verify) as http:
+    async with http_client(verify=verify) as http:
         await FleetDiscovery(
             source=pod_source(discovery, profiles, http),
             fleet=fleet,

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import httpx
 
 from warmer.adapters.gateway.sglang_router import SglangRouterGateway
-from warmer.config.settings import GatewaySettings, Settings
+from warmer.config.fleet_settings import GatewaySettings
+from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec
 from warmer.service.hitrate_monitor import HitRateConfig
 from warmer.service.reconciler import Reconciler

@@ -16,8 +16,9 @@ from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
 from warmer.core.model import ModelProfile
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
 
 # Smallest uncached-token bucket per box: one long prefix must fit from a full bucket without debt.

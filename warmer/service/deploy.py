@@ -6,8 +6,8 @@ Order of checks, and why:
 2. signature over the RAW body and its timestamp (`warmer.core.webhook`) -> UNSIGNED / FORGED / STALE. A
    captured request replayed after the tolerance is STALE (401) whatever its id; nothing else is looked at,
    and nothing is written to the database for an unauthenticated request (it cannot grow the database);
-3. payload shape (`warmer.config.events`, and the agent spec for a prompt change) -> MALFORMED (not JSON) /
-   INVALID (field paths); `box.added` must pass the operator's URL allowlist here;
+3. payload shape (`warmer.config.webhook_payloads`, and the agent spec for a prompt change) -> MALFORMED
+   (not JSON) / INVALID (field paths); `box.added` must pass the operator's URL allowlist here;
 4. the reconciler must be running -> UNAVAILABLE (the sender retries; its id is not consumed); a database
    that does not answer at any later step is UNAVAILABLE too (503 with the reason, never a 500);
 5. idempotency: the event id is remembered atomically in the store; a repeat (a retry, or a replay within
@@ -35,7 +35,7 @@ from typing import Protocol
 import structlog
 
 from warmer.config.agents import agent_spec_from_data
-from warmer.config.events import (
+from warmer.config.webhook_payloads import (
     AgentPromptChanged,
     BoxAdded,
     BoxRemoved,

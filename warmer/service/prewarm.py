@@ -27,7 +27,7 @@ from typing import Protocol
 
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, WarmState
-from warmer.core.planner import Route
+from warmer.core.readiness import Route
 from warmer.ports import Clock
 from warmer.service.reconcile_types import UnknownAgent
 from warmer.service.reconciler import Reconciler

@@ -13,10 +13,11 @@ from typing import Protocol
 
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
-from warmer.core.lint import DEFAULT_DRIFT_THRESHOLD
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import Desired, Observed, PlannerConfig, Route, WarmKey, WarmupStatus, routes
+from warmer.core.planner import Desired, Observed, PlannerConfig, WarmKey, WarmupStatus
+from warmer.core.readiness import Route, routes
+from warmer.core.tokenizer_drift import DEFAULT_DRIFT_THRESHOLD
 
 
 class UnknownAgent(WarmerError):

@@ -51,28 +51,18 @@ from warmer.core.placement import (
     place,
     stable_seed,
 )
-from warmer.core.planner import (
+from warmer.core.plan_actions import (
     AbandonWarm,
     Action,
-    BoxObservation,
-    Desired,
     MarkStale,
-    Observed,
-    PrefixRef,
     ProbePrefix,
     Retire,
-    Route,
     RunRestartWarmup,
-    TokenBucket,
-    WarmKey,
     WarmPrefix,
-    WarmupStatus,
-    agent_warmth,
-    box_ready,
-    plan,
-    refill,
-    routes,
 )
+from warmer.core.planner import BoxObservation, Desired, Observed, PrefixRef, WarmKey, WarmupStatus, plan
+from warmer.core.readiness import Route, agent_warmth, box_ready, routes
+from warmer.core.warm_budget import TokenBucket, refill
 from warmer.core.warmstate import (
     IllegalTransition,
     KeepaliveDue,

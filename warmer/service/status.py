@@ -14,7 +14,7 @@ from typing import Protocol
 
 from warmer.core.errors import WarmerError
 from warmer.core.model import PhaseRecord, WarmState
-from warmer.core.planner import Route, box_ready, ramp_weight
+from warmer.core.readiness import Route, box_ready, ramp_weight
 from warmer.ports import StorePort
 from warmer.service.reconcile_types import Snapshot
 from warmer.service.reconciler import Reconciler

@@ -10,8 +10,8 @@ from __future__ import annotations
 import structlog
 
 from warmer.core.agents import AgentSpec
-from warmer.core.lint import TokenCountObservation, detect_tokenizer_drift, drift_baseline
 from warmer.core.model import LoggedEvent, prefix_hash
+from warmer.core.tokenizer_drift import TokenCountObservation, detect_tokenizer_drift, drift_baseline
 from warmer.ports import StorePort
 from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver
 

@@ -25,6 +25,7 @@ from warmer.core.errors import EngineError
 from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, ModelProfile, Prefix
 from warmer.core.warmstate import hit_granularity, is_verified, report_contradiction
 from warmer.ports import Clock, EnginePort
+from warmer.testing import probe_suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ class WarmExecutor:
         self._nonce = nonce
 
     def _probe_suffix(self) -> str:
-        return f"\n#probe {self._nonce()}"
+        return probe_suffix(self._nonce())
 
     async def _layout(self, box: BoxSpec) -> CacheLayout:
         """What the server reports about its cache; nothing (profile fallback) when it cannot say."""

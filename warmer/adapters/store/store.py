@@ -4,6 +4,9 @@ The ORM work is synchronous and runs in a worker thread (`asyncio.to_thread`), o
 call: no async driver to install, and the event loop never waits on disk or the network. Writes that
 must not race (upserts, idempotency keys) lean on the database's own constraints, so several daemon
 replicas on one PostgreSQL stay correct.
+
+Size: the StorePort over SQL is one class with one method per port call (about twenty), each one short
+transaction through the same plumbing at the bottom; apart, the methods would lose the one rule they share.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from warmer.adapters.store.tables import (
     WebhookEventRow,
 )
 from warmer.core.errors import StoreError, StoreUnavailable
-from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -48,6 +50,7 @@ from warmer.core.model import (
     WarmState,
     prefix_hash,
 )
+from warmer.core.tokenizer_drift import TokenCountObservation
 
 T = TypeVar("T")
 

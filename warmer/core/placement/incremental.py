@@ -9,8 +9,8 @@ the later agents that looked at a box whose takers changed. Each agent's ranking
 `BoxIndex`, so re-running one costs a few dict lookups. Where caps leave some agent without any box
 (coverage first), the state falls back to a full placement over the kept rankings.
 
-Somewhat over the ~400-line guideline: the edits and the replay share one set of indexes (steps, takers,
-examiners, entered buckets); split in two, each half would reach into the other's private state.
+Size: the edits and the replay share one set of indexes (steps, takers, examiners, entered buckets); split
+in two, each half would reach into the other's private state.
 """
 
 from __future__ import annotations
