@@ -51,8 +51,7 @@ from warmer.core.readiness import Route
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import SystemClock
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
-from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
 from warmer.service.warming import WarmExecutor
 from warmer.testing import is_probe
 
@@ -248,20 +247,20 @@ async def run(asks: int, box_count: int, warm_seconds: float) -> None:
         )
         # Warm-ups done, prefix computed, but no prefix on any box yet: tick once with a gated engine.
         await reconciler.start()
-        service = PrewarmService(ReconcilerBackend(lambda: reconciler, lambda: {"sales"}), clock)
+        service = PrewarmService(ReconcilerBackend(reconciler), clock)
         app = create_app(ApiServices(registry=CollectorRegistry(), readiness=ready, prewarm=service))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmer", timeout=60) as client:
             # Bring the boxes up (restart warm-up) without warming the prefix: new epoch right after.
             for _ in range(3):
                 await reconciler.tick()
-                await reconciler.drain()
+                await reconciler.wait_idle()
             engine.generation += 1  # a fleet restart: every cache cold, warm-ups again
             for box_id in box_ids:
                 engine.caches[box_id].clear()
             stopping = asyncio.Event()
             await reconciler.tick()  # sees the new epochs; the restart warm-ups start
-            await reconciler.drain()
+            await reconciler.wait_idle()
             engine.warms.clear()
             engine.probes.clear()
             loop = asyncio.create_task(reconciler.run(stopping))

@@ -157,7 +157,7 @@ def test_a_killed_daemon_loses_nothing_and_its_successor_re_verifies_before_rout
 
         # (2b) Not trusted blindly: the old record is probed (reason UNTRUSTED) and only after that does
         # the new daemon declare the box ready; nothing routes to it in between (routes and readiness
-        # read the same trusted records, warmer/service/reconciler.py `_trusted_records`).
+        # read the same trusted records, `WarmBook.trusted` in warmer/service/reconciler/records.py).
         transitions = kinds(new_events, "warm_transition", box_id)
         probes = [e for e in transitions if e["detail"]["reason"].startswith(UNTRUSTED_PROBE)]
         assert len(probes) >= 1, transitions

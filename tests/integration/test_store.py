@@ -16,15 +16,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from warmer.adapters.store import SqlStore, sqlite_url_for, upgrade_database
-from warmer.adapters.store.store import (
-    EVENT_BOX_ADDED,
-    EVENT_BOX_REMOVED,
-    EVENT_EPOCH_CHANGED,
-    EVENT_PREFIX_VERSION,
-    EVENT_WARM_DROPPED,
-    EVENT_WARM_TRANSITION,
-)
 from warmer.core.errors import StoreError, StoreUnavailable
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -109,8 +102,8 @@ def test_sync_boxes_adds_updates_and_removes_with_cascade(store: SqlStore) -> No
         assert await store.get_warm("a", "e1", PREFIX.hash) is not None
         assert await store.current_epoch("b") is None
         assert await store.list_phases("b", "eb") == []
-        assert (await kinds(store, box_id="b"))[0] == EVENT_BOX_REMOVED
-        assert (await kinds(store)).count(EVENT_BOX_ADDED) == 2
+        assert (await kinds(store, box_id="b"))[0] == EventKind.BOX_REMOVED
+        assert (await kinds(store)).count(EventKind.BOX_ADDED) == 2
 
         await store.sync_boxes([moved_a, BOX_B])  # B comes back: new, with no state from before
         assert await store.current_epoch("b") is None
@@ -146,7 +139,7 @@ def test_record_epoch_reports_changes_only(store: SqlStore) -> None:
         assert await store.current_epoch("a") == "e2"
         assert await store.record_epoch("a", "e2", at=4.0) is False
 
-        changes = [e for e in await store.events(box_id="a") if e.kind == EVENT_EPOCH_CHANGED]
+        changes = [e for e in await store.events(box_id="a") if e.kind == EventKind.EPOCH_CHANGED]
         assert [(e.epoch, e.detail["previous"], e.at) for e in changes] == [
             ("e2", "e1", 3.0),
             ("e1", None, 1.0),
@@ -175,7 +168,7 @@ def test_concurrent_record_epoch_reports_one_change(store: SqlStore) -> None:
         results = await asyncio.gather(*(store.record_epoch("a", "fresh", at=float(i)) for i in range(12)))
         assert results.count(True) == 1
         assert await store.current_epoch("a") == "fresh"
-        assert (await kinds(store, box_id="a")).count(EVENT_EPOCH_CHANGED) == 1
+        assert (await kinds(store, box_id="a")).count(EventKind.EPOCH_CHANGED) == 1
 
     asyncio.run(scenario())
 
@@ -192,7 +185,7 @@ def test_record_prefix_is_idempotent_per_version(store: SqlStore) -> None:
         # The same agent on a new engine build is a new version.
         await store.record_prefix("agent-1", "spec-v1", PREFIX, engine_version="b2", at=4.0)
 
-        versions = [e for e in await store.events(limit=1000) if e.kind == EVENT_PREFIX_VERSION]
+        versions = [e for e in await store.events(limit=1000) if e.kind == EventKind.PREFIX_VERSION]
         assert [(e.agent_id, e.detail["engine_version"]) for e in versions] == [
             ("agent-1", "b2"),
             ("agent-2", "b1"),
@@ -257,7 +250,7 @@ def test_put_warm_appends_one_transition_event_each(store: SqlStore) -> None:
         for step, (previous, state) in enumerate(path):
             await store.put_warm(warm(state, at=10.0 + step), reason=f"step {step}", previous=previous)
 
-        transitions = [e for e in await store.events(box_id="a") if e.kind == EVENT_WARM_TRANSITION]
+        transitions = [e for e in await store.events(box_id="a") if e.kind == EventKind.WARM_TRANSITION]
         assert [(e.detail["from"], e.detail["to"], e.detail["reason"], e.at) for e in transitions] == [
             ("warming", "warm", "step 2", 12.0),
             ("cold", "warming", "step 1", 11.0),
@@ -348,7 +341,7 @@ def test_drop_other_epochs_keeps_the_current_one(store: SqlStore) -> None:
         ]  # other boxes untouched, even in an "old" epoch name
         assert len(await store.list_phases("a", "e1")) == 1  # phases are history and stay
         dropped = (await store.events(box_id="a"))[0]
-        assert dropped.kind == EVENT_WARM_DROPPED
+        assert dropped.kind == EventKind.WARM_DROPPED
         assert dropped.detail == {"records": 2, "epochs": ["e1", "e2"]}
         assert await store.drop_other_epochs("a", "e3") == 0
 

@@ -112,22 +112,20 @@ def build_stack(
         readiness=_ready,
         tokens=(SecretStr(TOKEN),),
         status=StatusService(reconciler, store),  # type: ignore[arg-type]
-        prewarm=PrewarmService(
-            ReconcilerBackend(lambda: reconciler, agents), built.clock, max_wait_seconds=0.0
-        ),
-        campaigns=CampaignService(lambda: store, agents, on_change=reconciler.poke),  # type: ignore[arg-type, return-value]
+        prewarm=PrewarmService(ReconcilerBackend(reconciler), built.clock, max_wait_seconds=0.0),
+        campaigns=CampaignService(store, agents, on_change=reconciler.poke),  # type: ignore[arg-type]
         deploy=DeployService(
-            store=lambda: store,  # type: ignore[arg-type, return-value]
+            store=store,  # type: ignore[arg-type]
             clock=built.clock,
             config=WebhookConfig(secrets=(SECRET,), box_url_policy=BoxUrlPolicy(ALLOWED_BOX_URLS)),
-            fleet=lambda: reconciler,
+            fleet=reconciler,
         ),
         capacity=CapacityService(
             snapshot=reconciler.snapshot,
-            usage=lambda: None,  # no hit-rate monitor here: use figures are unknown, ceilings from the store
+            usage=None,  # no hit-rate monitor here: use figures are unknown, ceilings from the store
             ceilings=PrefillCeilings(),
             profiles={"m": PROFILE},
-            store=lambda: store,  # type: ignore[arg-type, return-value]
+            store=store,  # type: ignore[arg-type]
             clock=built.clock,
         ),
         max_request_bytes=max_request_bytes,

@@ -26,8 +26,7 @@ from warmer.core.model import (
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
-from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver, ReconcilerConfig
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import ComputedPrefix, ReconcileObserver, Reconciler, ReconcilerConfig
 from warmer.testing import is_probe
 
 PREFIX_TOKENS = 500
@@ -280,7 +279,7 @@ async def settle(reconciler: Reconciler, rounds: int = 10) -> None:
     """Tick and let every started action finish, a bounded number of times (no sleeping)."""
     for _ in range(rounds):
         await reconciler.tick()
-        await reconciler.drain()
+        await reconciler.wait_idle()
     await reconciler.tick()
 
 

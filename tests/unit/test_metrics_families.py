@@ -13,7 +13,8 @@ import pytest
 from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec, CacheLayout, CacheStats, EngineKind
 from warmer.core.promtext import parse_prometheus_text
-from warmer.root.app import ManagedStore, build
+from warmer.root.app import build
+from warmer.root.database import ManagedStore
 from warmer.service.gateway_sync import GatewaySync
 from warmer.service.hitrate_monitor import HitRateConfig, HitRateMonitor
 
@@ -80,6 +81,7 @@ def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
         daemon = build(
             Settings(database={"state_dir": str(tmp_path)}), store_factory=store, prepare=lambda _: None
         )
+        await daemon.open()  # the API is built over the open store
         metrics = daemon.metrics
 
         # the reconciler's observer (its own tests drive it through the real loop)
@@ -157,6 +159,7 @@ def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
         assert value("warmer_engine_prompt_tokens_total", box=BOX.id, cached="true") == 500
         assert value("warmer_engine_prompt_tokens_total", box=BOX.id, cached="false") == 500
         assert value("warmer_warm_prompt_tokens_total", box=BOX.id) == 1200
+        await daemon.close()
 
     asyncio.run(scenario())
 
@@ -169,6 +172,7 @@ def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None:
         daemon = build(
             Settings(database={"state_dir": str(tmp_path)}), store_factory=store, prepare=lambda _: None
         )
+        await daemon.open()  # the API is built over the open store
         transport = httpx.ASGITransport(app=daemon.api)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
             for box_id in ("x1", "x2", "x3"):
@@ -181,5 +185,6 @@ def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None:
         }
         assert "/v1/boxes/{box_id}/ready" in routes
         assert not any("x1" in route for route in routes)
+        await daemon.close()
 
     asyncio.run(scenario())

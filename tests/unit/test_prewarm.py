@@ -262,10 +262,7 @@ def test_a_burst_of_1000_asks_for_a_cold_agent_sends_exactly_one_warm_per_box(st
 
     async def scenario() -> None:
         w = world(store_url, box_ids=("b1", "b2", "b3"), planner=planner)
-        agents = {"sales"}
-        service = PrewarmService(
-            ReconcilerBackend(lambda: w.reconciler, lambda: agents), w.clock, max_wait_seconds=10.0
-        )
+        service = PrewarmService(ReconcilerBackend(w.reconciler), w.clock, max_wait_seconds=10.0)
         await settle(w.reconciler)  # restart warm-ups done; the new agent warmed once
         w.clock.t += 120.0
         await settle(w.reconciler)  # idle: released

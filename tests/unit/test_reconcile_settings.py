@@ -14,7 +14,7 @@ from warmer.core.model import BoxSpec, EngineKind, ModelProfile
 from warmer.core.plan_actions import WarmReason
 from warmer.core.planner import Desired, PlannerConfig, PrefixRef, active_agents
 from warmer.root.reconcile import reconciler_config
-from warmer.service.reconcile_types import ReconcilerConfig
+from warmer.service.reconciler import ReconcilerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

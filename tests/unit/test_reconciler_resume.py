@@ -12,7 +12,7 @@ from dataclasses import replace
 from tests.unit.reconciler_fakes import FakeClock, World, route_boxes, settle, world
 from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord, WarmRecord, WarmState
 from warmer.core.warmstate import RetryBackoff
-from warmer.service.reconcile_types import NullObserver
+from warmer.service.reconciler import NullObserver
 from warmer.service.status import StatusService
 
 
@@ -172,10 +172,7 @@ def test_a_warm_left_in_flight_by_a_killed_daemon_is_redone_at_once_by_the_next(
             if left:
                 break
         assert left, "the first daemon should have left a warming row behind"
-        killed = list(first.reconciler._tasks)  # the kill: its warms in flight never finish
-        for task in killed:
-            task.cancel()
-        await asyncio.gather(*killed, return_exceptions=True)
+        await first.reconciler.close()  # the kill: its warms in flight never finish
         await first.store.close()
         first.engine.gate = None
 

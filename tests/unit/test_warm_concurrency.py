@@ -14,8 +14,7 @@ from warmer.core.model import BoxSpec, CompletionReport, EngineKind, Prefix
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
-from warmer.service.reconcile_types import ReconcilerConfig
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import Reconciler, ReconcilerConfig
 
 
 class CountingEngine(FakeEngine):
@@ -74,7 +73,7 @@ def test_a_boxs_warm_budget_is_the_only_bound_on_its_warms_in_flight(store_url: 
                 break
         assert (fake.in_flight["b1"], fake.in_flight["b2"]) == (3, 1)
         fake.gate.set()
-        await reconciler.drain()
+        await reconciler.wait_idle()
         await store.close()
 
     asyncio.run(scenario())

@@ -79,9 +79,11 @@ class ReconcileSettings(Section):
         default=3600.0,
         ge=0,
         description=(
-            "Seconds without traffic (calls, pre-call asks; a new agent counts from when it is first seen) "
-            "after which an agent's prefixes stop being kept warm on its boxes; campaigns and pre-call asks "
-            "still warm it. An hour spans a lunch break without paying keepalive touches all night. "
+            "Seconds without traffic warmer sees for an agent (its pre-call asks and the route lookups "
+            "they make, `POST /v1/prewarm`; a new agent counts from when it is first seen) after which its "
+            "prefixes stop being kept warm on its boxes; campaigns and pre-call asks still warm it. Calls "
+            "sent to the engines without asking warmer are not seen: book a campaign for such agents, or "
+            "set 0. An hour spans a lunch break without paying keepalive touches all night. "
             "0 means never: keep every assigned agent warm forever."
         ),
     )

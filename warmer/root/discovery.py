@@ -1,5 +1,5 @@
 """Wiring of `[fleet.discovery]`: the Kubernetes pod lister over its own HTTP client (the API server's
-CA and the service-account token), feeding the running reconciler's fleet."""
+CA and the service-account token), feeding the reconciler's fleet."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def pod_source(
 async def run_discovery(
     discovery: KubernetesDiscoverySettings,
     profiles: Mapping[str, ModelProfile],
-    fleet: Callable[[], FleetEditor | None],
+    fleet: FleetEditor,
     on_fleet_change: Callable[[Sequence[BoxSpec]], None],
     stopping: asyncio.Event,
 ) -> None:

@@ -39,6 +39,7 @@ from warmer.adapters.store.tables import (
     WebhookEventRow,
 )
 from warmer.core.errors import StoreError, StoreUnavailable
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -55,12 +56,6 @@ from warmer.core.tokenizer_drift import TokenCountObservation
 T = TypeVar("T")
 
 # Event kinds this store appends by itself, next to whatever the services log.
-EVENT_BOX_ADDED = "box_added"
-EVENT_BOX_REMOVED = "box_removed"
-EVENT_EPOCH_CHANGED = "epoch_changed"
-EVENT_PREFIX_VERSION = "prefix_version"
-EVENT_WARM_TRANSITION = "warm_transition"
-EVENT_WARM_DROPPED = "warm_dropped"
 
 
 class SqlStore:
@@ -100,7 +95,7 @@ class SqlStore:
         now = self._now()
 
         def work(session: Session) -> None:
-            existing = set(session.scalars(select(BoxRow.id)))
+            existing = {box_id: url for box_id, url in session.execute(select(BoxRow.id, BoxRow.base_url))}
             for box in boxes:
                 self._upsert(
                     session,
@@ -118,12 +113,21 @@ class SqlStore:
                     keys=["id"],
                 )
                 if box.id not in existing:
-                    session.add(EventRow(at=now, kind=EVENT_BOX_ADDED, box_id=box.id, detail={}))
-            removed = sorted(existing - seen)
+                    # the one row of this fact, whatever added the box (config, deploy event, discovery)
+                    detail = {"base_url": box.base_url, "engine": str(box.engine), "model": box.model,
+                              "slots": box.slots, "group": box.group}  # fmt: skip
+                    session.add(EventRow(at=now, kind=EventKind.BOX_ADDED, box_id=box.id, detail=detail))
+            removed = sorted(set(existing) - seen)
             if removed:
                 session.execute(delete(BoxRow).where(BoxRow.id.in_(removed)))
                 session.add_all(
-                    EventRow(at=now, kind=EVENT_BOX_REMOVED, box_id=box_id, detail={}) for box_id in removed
+                    EventRow(
+                        at=now,
+                        kind=EventKind.BOX_REMOVED,
+                        box_id=box_id,
+                        detail={"base_url": existing[box_id]},
+                    )
+                    for box_id in removed
                 )
 
         await self._run(work, write=True)
@@ -150,7 +154,7 @@ class SqlStore:
             session.add(
                 EventRow(
                     at=at,
-                    kind=EVENT_EPOCH_CHANGED,
+                    kind=EventKind.EPOCH_CHANGED,
                     box_id=box_id,
                     epoch=epoch,
                     detail={"previous": previous},
@@ -202,7 +206,7 @@ class SqlStore:
                 session.add(
                     EventRow(
                         at=at,
-                        kind=EVENT_PREFIX_VERSION,
+                        kind=EventKind.PREFIX_VERSION,
                         agent_id=agent_id,
                         prefix_hash=id_hash,
                         detail={
@@ -272,7 +276,7 @@ class SqlStore:
             session.add(
                 EventRow(
                     at=record.updated_at,
-                    kind=EVENT_WARM_TRANSITION,
+                    kind=EventKind.WARM_TRANSITION,
                     box_id=record.box_id,
                     epoch=record.epoch,
                     prefix_hash=record.prefix_hash,
@@ -307,7 +311,7 @@ class SqlStore:
             session.add(
                 EventRow(
                     at=self._now(),
-                    kind=EVENT_WARM_DROPPED,
+                    kind=EventKind.WARM_DROPPED,
                     box_id=box_id,
                     epoch=keep_epoch,
                     detail={"records": dropped, "epochs": sorted(doomed)},
