@@ -1,10 +1,10 @@
-"""What numpy would buy placement: the ranking kernel alone, pure Python against numpy, identical keys.
+"""What numpy buys placement: the ranking kernel alone, pure Python against numpy, identical keys.
 
-Placement's cold cost at fleet scale is mostly hashing: every agent scores the 64 hash buckets, then the
-boxes of its first bucket (`warmer.core.placement.ranking`). The core computes those SplitMix64 scores with
-big-int "lanes" (pure Python; numpy is not a runtime dependency). This measures the same kernel — each
-agent's first bucket, then the sorted member keys of that bucket — both ways, checks the keys are equal,
-and prints CPU seconds, so the case for or against a numpy dependency rests on a figure.
+Placement's cold cost at fleet scale was mostly hashing: every agent scores the 64 hash buckets, then the
+boxes of its first bucket (`warmer.core.placement.ranking`). One agent at a time the core computes those
+SplitMix64 scores with big-int "lanes"; a whole placement's agents are hashed at once with numpy
+(`BoxIndex.prime`). This measures the same kernel — each agent's first bucket, then the sorted member keys
+of that bucket — both ways, checks the keys are equal, and prints CPU seconds.
 
 Run: python -m bench.ranking_numpy [--boxes 5000] [--agents 20000] [--buckets 64] [--repeats 3]
 """
