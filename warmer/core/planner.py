@@ -4,13 +4,18 @@
 asks for the same things, so a missed event or a daemon restart only delays a fix by one tick. The executor
 (a service) carries out the actions (`warmer.core.plan_actions`) in order and reports results back as
 warm-state events (`warmer.core.warmstate`). Readiness and routing are pure answers over the same data
-(`warmer.core.readiness`).
+(`warmer.core.readiness`). Each box is planned from its own slice of the world (`PlanIndex`), so
+`plan_boxes` can re-plan one box, or the boxes of one agent after a pre-call ask, without a pass over the
+fleet.
 
 Order of work per box: restart warm-up of the current epoch first (no prefix warm before it is done), then
 prefixes of agents with pre-call asks, then active campaigns, then other active agents, then keepalive
 touches, then probes. A per-box warm budget (concurrent requests, uncached tokens per second as a token
 bucket: `warmer.core.warm_budget`) is never exceeded by a plan, and each (box, prefix) gets at most one
 warm in flight.
+
+Size: the planner's inputs, the per-box index and the per-box plan read together (each rule of the plan is
+a short function); actions, the warm budget and readiness have modules of their own.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from warmer.core.model import BoxSpec, Campaign, ModelProfile, WarmRecord, WarmState
 from warmer.core.plan_actions import (
@@ -34,7 +39,7 @@ from warmer.core.plan_actions import (
     WarmPrefix,
     WarmReason,
 )
-from warmer.core.warm_budget import TokenBucket, WarmBudget, refill, try_spend
+from warmer.core.warm_budget import TokenBucket, WarmBudget, refill
 from warmer.core.warmstate import RetryBackoff, retry_at
 
 # ----------------------------------------------------------------------------------------------- inputs
@@ -223,42 +228,153 @@ def wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[st
 
 def plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig) -> Plan:
     """Everything worth doing now, highest priority first, within each box's warm budget."""
+    index = _index(desired, observed, now, config, for_edits=False)
+    return plan_boxes(desired, observed, now, config, desired.boxes, index)
+
+
+@dataclass(slots=True)
+class PlanIndex:
+    """Desired and observed sliced per box, so one box's actions — or the boxes of one agent — can be
+    planned alone (`plan_boxes`) without a pass over the fleet. Valid for the `now` it was built at; keep
+    it current with `set_box` / `refresh_agents` as records and agents change."""
+
+    wants: dict[str, dict[str, WantedPrefix]]  # box -> prefix hash -> what is wanted there
+    records: dict[str, list[WarmRecord]]  # box -> its records (every epoch; only the current one counts)
+    busy: dict[str, set[str]]  # box -> prefix hashes with a warm/probe in flight
+    assigned: dict[str, set[str]]  # box -> agents whose keep-warm assignment has it (active or not)
+    groups: dict[str, tuple[str, ...]]  # the keep-warm assignment as indexed
+
+    def set_box(self, box_id: str, records: Sequence[WarmRecord], busy: Collection[str]) -> None:
+        """The box's records and warms in flight as they are now."""
+        self.records[box_id] = list(records)
+        self.busy[box_id] = set(busy)
+
+    def refresh_agents(
+        self, desired: Desired, now: float, config: PlannerConfig, agent_ids: Collection[str]
+    ) -> set[str]:
+        """Re-derive what is wanted on the boxes of these agents, before and after their change (a new
+        assignment, prefix, activity, campaign or pre-call ask); returns the boxes to plan again."""
+        boxes: set[str] = set()
+        for agent_id in agent_ids:
+            for box_id in self.groups.pop(agent_id, ()):
+                self.assigned.get(box_id, set()).discard(agent_id)
+                boxes.add(box_id)
+            group = desired.assignment.get(agent_id, ())
+            if group:
+                self.groups[agent_id] = tuple(group)
+            for box_id in group:
+                self.assigned.setdefault(box_id, set()).add(agent_id)
+                boxes.add(box_id)
+        for box_id in boxes:
+            sharing = _only(desired, self.assigned.get(box_id, set()))
+            self.wants[box_id] = wanted_by_box(sharing, active_agents(sharing, now, config)).get(box_id, {})
+        return boxes
+
+
+def _only(desired: Desired, agent_ids: Collection[str]) -> Desired:
+    """The desired world restricted to some agents (what their boxes need depends on them alone)."""
+    return replace(
+        desired,
+        agents={a: desired.agents[a] for a in agent_ids if a in desired.agents},
+        assignment={a: desired.assignment[a] for a in agent_ids if a in desired.assignment},
+        campaigns=tuple(c for c in desired.campaigns if c.agent_id in agent_ids),
+        precall=frozenset(a for a in desired.precall if a in agent_ids),
+        last_activity={a: desired.last_activity[a] for a in agent_ids if a in desired.last_activity},
+    )
+
+
+def _wants_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, WantedPrefix]]:
+    """`wanted_by_box` for a whole fleet, faster: one `WantedPrefix` per agent, shared by every box of its
+    group, and a merged copy where agents share a prefix on a box (so a shared one is never changed).
+    Plans only read wants."""
+    wanted: dict[str, dict[str, WantedPrefix]] = {}
+    agents, assignment = desired.agents, desired.assignment
+    for agent_id, reason in active.items():
+        group = assignment.get(agent_id)
+        if not group:
+            continue
+        prefix = agents[agent_id]
+        mine = WantedPrefix(prefix, reason, [agent_id])
+        for box_id in group:
+            per_box = wanted.get(box_id)
+            if per_box is None:
+                wanted[box_id] = {prefix.hash: mine}
+                continue
+            want = per_box.get(prefix.hash)
+            if want is None:
+                per_box[prefix.hash] = mine
+            else:
+                better = reason if _REASON_RANK[reason] < _REASON_RANK[want.reason] else want.reason
+                per_box[prefix.hash] = WantedPrefix(want.prefix, better, [*want.agent_ids, agent_id])
+    return wanted
+
+
+def index_plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig) -> PlanIndex:
+    """One pass over the fleet: what is wanted, held and in flight on each box."""
+    return _index(desired, observed, now, config, for_edits=True)
+
+
+def _index(
+    desired: Desired, observed: Observed, now: float, config: PlannerConfig, *, for_edits: bool
+) -> PlanIndex:
+    """`for_edits`: also who is assigned where, which only `refresh_agents` reads (a one-off full plan
+    skips it: 40,800 memberships at fleet scale)."""
+    records: dict[str, list[WarmRecord]] = {}
+    for record in observed.warm.values():
+        box_records = records.get(record.box_id)
+        if box_records is None:
+            records[record.box_id] = [record]
+        else:
+            box_records.append(record)
+    busy: dict[str, set[str]] = {}
+    for in_flight_box, in_flight_prefix in observed.in_flight:
+        busy.setdefault(in_flight_box, set()).add(in_flight_prefix)
+    assigned: dict[str, set[str]] = {}
+    groups: dict[str, tuple[str, ...]] = {}
+    if for_edits:
+        for agent_id, group in desired.assignment.items():
+            for box_id in group:
+                assigned.setdefault(box_id, set()).add(agent_id)
+        groups = {a: tuple(g) for a, g in desired.assignment.items() if g}
+    wants = _wants_by_box(desired, active_agents(desired, now, config))
+    return PlanIndex(wants=wants, records=records, busy=busy, assigned=assigned, groups=groups)
+
+
+def plan_boxes(
+    desired: Desired,
+    observed: Observed,
+    now: float,
+    config: PlannerConfig,
+    box_ids: Collection[str],
+    index: PlanIndex,
+) -> Plan:
+    """`plan` for these boxes only, in the same order and with the same actions `plan` gives them; the
+    buckets are `observed.buckets` with these boxes' charged."""
     actions: list[Action] = []
     buckets: dict[str, TokenBucket] = dict(observed.buckets)
-    wanted = wanted_by_box(desired, active_agents(desired, now, config))
-    records_by_box: dict[str, list[WarmRecord]] = {}
-    for record in observed.warm.values():
-        records_by_box.setdefault(record.box_id, []).append(record)
-    busy_by_box: dict[str, set[str]] = {}
-    for in_flight_box, in_flight_prefix in observed.in_flight:
-        busy_by_box.setdefault(in_flight_box, set()).add(in_flight_prefix)
-    for box_id in sorted(desired.boxes):
-        box = desired.boxes[box_id]
+    for box_id in sorted(box_ids):
+        box = desired.boxes.get(box_id)
         seen = observed.boxes.get(box_id)
-        profile = desired.profiles.get(box.model)
+        profile = desired.profiles.get(box.model) if box is not None else None
         if seen is None or not seen.healthy or seen.epoch is None or profile is None:
             continue
-        epoch = seen.epoch
         if seen.draining and seen.warmup is not WarmupStatus.DONE:
             continue  # restarted mid-rollout: its warm-up waits for the rollout to finish (a new epoch)
         if seen.warmup is WarmupStatus.NOT_STARTED or (
             seen.warmup is WarmupStatus.FAILED
             and now >= (seen.warmup_finished_at or 0.0) + config.restart_warmup_retry_seconds
         ):
-            actions.append(RunRestartWarmup(box_id, epoch))
+            actions.append(RunRestartWarmup(box_id, seen.epoch))
             continue
         if seen.warmup is not WarmupStatus.DONE:
             continue
         budget = config.budget_for(box_id)
-        bucket = refill(buckets.get(box_id), budget, now)
+        view = _BoxView(
+            box_id, seen.epoch, profile, index.records.get(box_id, []), index.busy.get(box_id, set())
+        )
+        wants = index.wants.get(box_id, {})
         box_actions, bucket = _plan_box(
-            _BoxView(box_id, epoch, profile, records_by_box.get(box_id, []), busy_by_box.get(box_id, set())),
-            wanted.get(box_id, {}),
-            observed,
-            bucket,
-            budget,
-            now,
-            config,
+            view, wants, observed, refill(buckets.get(box_id), budget, now), budget, now, config
         )
         buckets[box_id] = bucket
         actions.extend(box_actions)
@@ -276,8 +392,16 @@ class _BoxView:
     busy: set[str]  # prefix hashes with a warm/probe in flight
 
 
-_Candidate = tuple[int, float, str, WarmPrefix | ProbePrefix, MarkStale | None]
-# (rank, due time, prefix hash, action, mark-stale-first): sorted on the first three
+# A warm, keepalive touch or probe worth sending, built into an action only once the budget takes it
+# (most are deferred): (rank, due time, prefix hash, kind, want, mark stale first)
+_Candidate = tuple[int, float, str, "_Kind", WantedPrefix, bool]
+
+
+class _Kind(enum.Enum):
+    WARM = "warm"
+    TOUCH = "touch"
+    UNTRUSTED = "untrusted"
+    SUSPECT = "suspect"
 
 
 def _plan_box(
@@ -290,15 +414,11 @@ def _plan_box(
     config: PlannerConfig,
 ) -> tuple[list[Action], TokenBucket]:
     current = {r.prefix_hash: r for r in view.records if r.epoch == view.epoch}
-    bookkeeping = _bookkeeping(view, current, wants, observed, now, config)
-    candidates: list[_Candidate] = []
-    for prefix_hash, want in wants.items():
-        if prefix_hash in view.busy:
-            continue  # coalescing: one warm per (box, prefix) at a time
-        candidate = _candidate(view, prefix_hash, want, current.get(prefix_hash), observed, now, config)
-        if candidate is not None:
-            candidates.append(candidate)
-    chosen, bucket = _choose(candidates, budget.max_concurrent - len(view.busy), bucket, budget)
+    bookkeeping = _bookkeeping(
+        view, current, wants, observed, now, config
+    )  # no engine traffic: never budgeted
+    candidates = _candidates(view, current, wants, observed, now, config)
+    chosen, bucket = _choose(view, sorted(candidates), bucket, budget)
     return bookkeeping + chosen, bucket
 
 
@@ -310,13 +430,12 @@ def _bookkeeping(
     now: float,
     config: PlannerConfig,
 ) -> list[Action]:
-    """Record changes with no engine traffic (never budgeted): lost warms given up, unwanted ones retired."""
     box_id, epoch, busy = view.box_id, view.epoch, view.busy
     actions: list[Action] = []
     for prefix_hash in sorted(current):
         held = current[prefix_hash]
         if held.state is WarmState.WARMING:
-            if prefix_hash not in busy and held.updated_at < observed.trusted_since(view.box_id):
+            if prefix_hash not in busy and held.updated_at < observed.trusted_since(box_id):
                 # an earlier daemon's (or lease holder's) warm: no task of this process will ever finish it
                 actions.append(AbandonWarm(box_id, epoch, prefix_hash, "left warming by an earlier daemon"))
             elif prefix_hash not in busy and now - held.updated_at >= config.warming_timeout_seconds:
@@ -326,60 +445,79 @@ def _bookkeeping(
     return actions
 
 
-def _candidate(
+def _candidates(
     view: _BoxView,
-    prefix_hash: str,
-    want: WantedPrefix,
-    record: WarmRecord | None,
+    current: Mapping[str, WarmRecord],
+    wants: Mapping[str, WantedPrefix],
     observed: Observed,
     now: float,
     config: PlannerConfig,
-) -> _Candidate | None:
-    """The engine work one wanted prefix needs now, if any: a warm, a keepalive touch, or a probe."""
-    box_id, epoch = view.box_id, view.epoch
-    agents = tuple(sorted(want.agent_ids))
-    tokens = want.prefix.tokens
-    state = record.state if record is not None else WarmState.COLD
-    if (
-        record is None
-        or state in (WarmState.COLD, WarmState.EVICTED)
-        or (state is WarmState.FAILED and now >= retry_at(record, config.retry))
-    ):
-        requests = view.profile.warm_requests_per_prefix
-        warm = WarmPrefix(box_id, epoch, prefix_hash, tokens, requests, want.reason, agents)
-        return (_REASON_RANK[want.reason], 0.0, prefix_hash, warm, None)
-    if state not in (WarmState.WARM, WarmState.STALE):
-        return None  # warming (bookkeeping's) or failed within its backoff
-    due = keepalive_due_at(record, view.profile, config)
-    if state is WarmState.STALE or (due is not None and now >= due):
-        stale = MarkStale(box_id, epoch, prefix_hash) if state is WarmState.WARM else None
-        touch = WarmPrefix(box_id, epoch, prefix_hash, tokens, 1, WarmReason.KEEPALIVE, agents)
-        return (_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, touch, stale)
-    verified = record.verified_at if record.verified_at is not None else -math.inf
-    if verified < observed.trusted_since(view.box_id):
-        probe = ProbePrefix(box_id, epoch, prefix_hash, tokens, ProbeReason.UNTRUSTED, agents)
-        return (_PROBE_RANK, verified, prefix_hash, probe, None)
-    if box_id in observed.suspect_boxes and now - verified >= config.probe_min_interval_seconds:
-        probe = ProbePrefix(box_id, epoch, prefix_hash, tokens, ProbeReason.SUSPECT, agents)
-        return (_PROBE_RANK, verified, prefix_hash, probe, None)
-    return None
+) -> list[_Candidate]:
+    box_id, busy = view.box_id, view.busy
+    base = config.keepalive_overrides.get(box_id, view.profile.keepalive_seconds)
+    not_due_before = base * (1.0 - config.keepalive_jitter)  # the jittered interval is never shorter
+    suspect = box_id in observed.suspect_boxes
+    candidates: list[_Candidate] = []
+    for prefix_hash, want in wants.items():
+        if prefix_hash in busy:
+            continue  # coalescing: one warm per (box, prefix) at a time
+        record = current.get(prefix_hash)
+        state = record.state if record is not None else WarmState.COLD
+        if (
+            record is None
+            or state in (WarmState.COLD, WarmState.EVICTED)
+            or (state is WarmState.FAILED and now >= retry_at(record, config.retry))
+        ):
+            candidates.append((_REASON_RANK[want.reason], 0.0, prefix_hash, _Kind.WARM, want, False))
+            continue
+        if state not in (WarmState.WARM, WarmState.STALE):
+            continue  # warming (handled above) or failed within its backoff
+        verified = record.verified_at
+        if state is WarmState.STALE or (verified is not None and now >= verified + not_due_before):
+            due = keepalive_due_at(record, view.profile, config)
+            if state is WarmState.STALE or (due is not None and now >= due):
+                touch = (_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, _Kind.TOUCH, want, True)
+                candidates.append(touch if state is WarmState.WARM else (*touch[:5], False))
+                continue
+        checked = verified if verified is not None else -math.inf
+        if checked < observed.trusted_since(view.box_id):
+            candidates.append((_PROBE_RANK, checked, prefix_hash, _Kind.UNTRUSTED, want, False))
+        elif suspect and now - checked >= config.probe_min_interval_seconds:
+            candidates.append((_PROBE_RANK, checked, prefix_hash, _Kind.SUSPECT, want, False))
+    return candidates
 
 
 def _choose(
-    candidates: list[_Candidate], slots: int, bucket: TokenBucket, budget: WarmBudget
+    view: _BoxView, candidates: Sequence[_Candidate], bucket: TokenBucket, budget: WarmBudget
 ) -> tuple[list[Action], TokenBucket]:
-    """Highest priority first, as many as the free slots and the token bucket allow."""
+    """Highest priority first while request slots and the token bucket allow (`try_spend`'s rule)."""
+    box_id, epoch = view.box_id, view.epoch
     chosen: list[Action] = []
-    for _, _, _, action, stale in sorted(candidates, key=lambda c: c[:3]):
-        if stale is not None:
-            chosen.append(stale)  # a due keepalive is recorded even when the budget defers the touch
+    slots = budget.max_concurrent - len(view.busy)
+    tokens, burst = bucket.tokens, budget.burst_tokens
+    for _, _, prefix_hash, kind, want, stale in candidates:
+        if stale:
+            chosen.append(MarkStale(box_id, epoch, prefix_hash))  # recorded even when the touch is deferred
         if slots <= 0:
             continue
-        cost = action.prefix_tokens * (action.requests if isinstance(action, WarmPrefix) else 1)
-        spent = try_spend(bucket, cost, budget)
-        if spent is None:
+        requests = view.profile.warm_requests_per_prefix if kind is _Kind.WARM else 1
+        cost = want.prefix.tokens * requests
+        if not (cost <= tokens or tokens >= burst):
             continue
-        bucket = spent
+        tokens -= cost
         slots -= 1
-        chosen.append(action)
-    return chosen, bucket
+        chosen.append(_action(view, kind, want, prefix_hash, requests))
+    return chosen, bucket if tokens == bucket.tokens else replace(bucket, tokens=tokens)
+
+
+def _action(
+    view: _BoxView, kind: _Kind, want: WantedPrefix, prefix_hash: str, requests: int
+) -> WarmPrefix | ProbePrefix:
+    agents = tuple(sorted(want.agent_ids))
+    tokens = want.prefix.tokens
+    if kind is _Kind.WARM:
+        return WarmPrefix(view.box_id, view.epoch, prefix_hash, tokens, requests, want.reason, agents)
+    if kind is _Kind.TOUCH:
+        return WarmPrefix(view.box_id, view.epoch, prefix_hash, tokens, 1, WarmReason.KEEPALIVE, agents)
+    reason = ProbeReason.UNTRUSTED if kind is _Kind.UNTRUSTED else ProbeReason.SUSPECT
+    return ProbePrefix(view.box_id, view.epoch, prefix_hash, tokens, reason, agents)

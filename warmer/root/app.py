@@ -19,7 +19,6 @@ import uvicorn
 from fastapi import FastAPI
 
 import warmer
-from warmer.adapters.store import SqlStore
 from warmer.adapters.store.filelock import SqliteFileLock
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.api.observe import RequestMetricsMiddleware
@@ -42,6 +41,7 @@ from warmer.root.dialer import DialerWiring
 from warmer.root.discovery import run_discovery
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.frontdoor import build_gateway, hitrate_config
+from warmer.root.kv_events import cache_event_task, follows_events
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
@@ -120,12 +120,7 @@ class Daemon:
         self._store = store
         engines = build_engine_dispatcher(settings, self.http, boxes=self.boxes, profiles=self.profiles)
         meter = CallVolumeMeter(clock, window_seconds=settings.dialer.volume_window_seconds)
-        # leases and shared deploy state over a SQL store (several replicas on PostgreSQL)
-        replicas = (
-            ReplicaWiring(settings, store, clock=clock, configured=self.boxes)
-            if isinstance(store, SqlStore)
-            else None
-        )
+        replicas = ReplicaWiring(settings, store, clock=clock, configured=self.boxes)  # leases, shared state
         reconciler = Reconciler(
             engine=engines,
             store=store,
@@ -141,11 +136,10 @@ class Daemon:
             restart=RestartWarmup(
                 engines, store, clock, on_long_prefill=self.prefill_ceilings.record_long_prefill
             ),
-            replicas=None if replicas is None else replicas.gate,
+            replicas=replicas.gate,
             on_fleet_change=engines.register,
         )
-        if replicas is not None:
-            replicas.attach(reconciler, lambda: reconciler.fleet().keys())
+        replicas.attach(reconciler, lambda: reconciler.fleet().keys())
         dialer = DialerWiring(
             settings, agents=self.agents.keys, store=store, reconciler=reconciler, meter=meter
         )
@@ -176,7 +170,7 @@ class Daemon:
                     fleet=reconciler,
                     clock=clock,
                     on_fleet_change=engines.register,
-                    shared=None if replicas is None else replicas.coordination,
+                    shared=replicas.coordination,
                 )
                 if self.has_fleet
                 else None,
@@ -190,9 +184,7 @@ class Daemon:
         self.supervisor.add("api", self._serve_api)
         if not self.has_fleet:
             return
-        for name, task in (
-            replicas.tasks(reconciler.run) if replicas else {"reconciler": reconciler.run}
-        ).items():
+        for name, task in replicas.tasks(reconciler.run).items():
             self.supervisor.add(name, task)
         self.supervisor.add(
             "scheduler", functools.partial(run_timers, settings, reconciler.poke, reconciler.poll_health)
@@ -203,6 +195,11 @@ class Daemon:
         self.supervisor.add("hitrate", monitor.run)
         gauges = functools.partial(run_capacity_gauges, capacity, clock, settings.hitrate.poll_seconds)
         self.supervisor.add("capacity", gauges)
+        if follows_events(self.boxes):
+            events = cache_event_task(
+                fleet=reconciler.fleet, reactions=reconciler.evictions, engine=engines, clock=clock
+            )
+            self.supervisor.add("kv-events", events)
         if settings.fleet.gateway is not None:
             self.supervisor.add("gateway-sync", self._gateway_sync(settings.fleet.gateway, reconciler).run)
         if settings.fleet.discovery is not None:

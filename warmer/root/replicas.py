@@ -43,17 +43,22 @@ class ReplicaAware(Protocol):
 
 
 class ReplicaWiring:
-    """The pieces one replica runs. `attach` the reconciler once it is built (it takes `gate`)."""
+    """The pieces one replica runs. `attach` the reconciler once it is built (it takes `gate`); `tasks`
+    are its root tasks."""
 
     def __init__(
-        self, settings: Settings, store: SqlStore, *, clock: Clock, configured: Sequence[BoxSpec]
+        self, settings: Settings, store: object, *, clock: Clock, configured: Sequence[BoxSpec]
     ) -> None:
         self._url = settings.database_url()
         self._reconciler: ReplicaAware | None = None
         self._fleet: Callable[[], Collection[str]] = lambda: ()
         self._reconciler_done = asyncio.Event()
-        self.coordination = SqlCoordination(store)
+        # over any other store (a test's fake): one daemon, no gate, nothing shared
+        self.coordination = SqlCoordination(store) if isinstance(store, SqlStore) else None
         self.ownership: BoxOwnership | None = None
+        self.gate: ReplicaGate | None = None
+        if self.coordination is None:
+            return
         holder: BoxOwnership | SoleOwnership
         if self.coordination.notifies:  # a server database: replicas may share it
             holder = self.ownership = BoxOwnership(

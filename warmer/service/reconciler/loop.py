@@ -100,6 +100,7 @@ class Reconciler:
                 changed=lambda: self._changed,
                 routes_now=self._routes_now,
                 agent_routes=self.agent_routes,
+                recheck_box=self.recheck_box,
             ),
             gate=replicas,  # None: this daemon alone holds every box
             on_fleet_change=on_fleet_change,
@@ -109,6 +110,8 @@ class Reconciler:
         self._desired, self._runner, self._ready = parts.desired, parts.runner, parts.ready
         self._promotion, self._fleet, self._precall = parts.promotion, parts.fleet, parts.precall
         self._replicas = parts.replicas
+        # What the box's KV cache events say, acted on (`evictions`); the event root task reports to it.
+        self.evictions = parts.evictions
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
