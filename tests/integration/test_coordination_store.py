@@ -118,6 +118,8 @@ def test_a_graceful_release_frees_the_boxes_at_once(replicas: Callable[[], SqlCo
         view = await staying.heartbeat("staying", BOXES, at=2.0, config=CONFIG)
         assert view.held_by("staying") == set(BOXES)
         assert view.live_replicas == {"staying"}
+        # handed over by a live holder, never mid-work: what it verified stays trusted (acquired_at kept)
+        assert {view.leases[b].acquired_at for b in BOXES} == {1.0}
 
     asyncio.run(scenario())
 

@@ -138,9 +138,14 @@ def test_three_replicas_warm_once_share_rollouts_and_take_over_a_dead_holders_bo
 
         # -- 1. one warm cycle ------------------------------------------------------------------------------
         any_serve.wait("every box ready on every replica", lambda: ready_everywhere(serves, box_ids))
-        held = leases(database_url)
-        assert sorted(held) == box_ids
-        assert {row["owner"] for row in held.values()} == set(REPLICAS)  # fair share: one box each
+        # fair share: one box each, once the first replica has handed back what it took alone (never
+        # mid-work), and the box ready again on the replica that took it over (it re-probes it)
+        any_serve.wait(
+            "one box per replica",
+            lambda: {row["owner"] for row in leases(database_url).values()} == set(REPLICAS),
+        )
+        any_serve.wait("every box ready on every replica again", lambda: ready_everywhere(serves, box_ids))
+        assert sorted(leases(database_url)) == box_ids
         routed = {b for serve in serves.values() for b in serve.routed_boxes()}
         assert routed
         for box_id in box_ids:

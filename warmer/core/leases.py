@@ -16,9 +16,10 @@ spends engine work on it, so several replicas warm each (box, epoch, prefix) onc
 - Takeover bound: a killed holder's leases expire at most `lease_seconds` after its last renewal, and a
   survivor's next heartbeat (at most `renew_seconds` later) takes them: `takeover_bound_seconds`. A holder
   stopping gracefully releases at once, so survivors take its boxes at their next heartbeat.
-- A holder whose lease lapsed (it could not reach the database) and that takes the box back before anyone
-  else did keeps its `acquired_at`: nobody else wrote the box's rows meanwhile, so what it verified stays
-  trusted. Any other taker starts a new holding, and re-probes what it did not verify itself.
+- Trust follows the holding, `acquired_at`: it carries over when the holding is continuous (a holder whose
+  lease lapsed takes the box back before anyone else did; a live holder handed it over, never mid-work),
+  and a new holding starts when a lease expired under another replica: its taker re-probes what was
+  verified before, and no replica routes on it meanwhile.
 """
 
 from __future__ import annotations

@@ -139,18 +139,24 @@ class SqlCoordination:
                     .with_for_update(skip_locked=True)
                 ).all()
                 if free:
-                    # Taken back by the replica whose lease lapsed, nobody having held it since: its holding
-                    # is continuous (no one else wrote the box's rows), so its verifications stay its own.
+                    # Trust carries over (acquired_at kept) when the holding is continuous: taken back by
+                    # the replica whose lease lapsed, nobody having held it since, or handed over by a live
+                    # holder (released, never mid-work). A lease that expired under another replica, or a
+                    # first one, starts a new holding: what was verified before it is re-probed.
                     session.execute(
                         update(BoxLeaseRow)
-                        .where(BoxLeaseRow.box_id.in_(list(free)), BoxLeaseRow.owner == replica_id)
-                        .values(expires_at=until, renewed_at=now)
+                        .where(
+                            BoxLeaseRow.box_id.in_(list(free)),
+                            (BoxLeaseRow.owner == replica_id)
+                            | (BoxLeaseRow.owner.is_(None) & BoxLeaseRow.acquired_at.is_not(None)),
+                        )
+                        .values(owner=replica_id, expires_at=until, renewed_at=now)
                     )
                     session.execute(
                         update(BoxLeaseRow)
                         .where(
                             BoxLeaseRow.box_id.in_(list(free)),
-                            (BoxLeaseRow.owner.is_(None)) | (BoxLeaseRow.owner != replica_id),
+                            BoxLeaseRow.owner.is_(None) | (BoxLeaseRow.owner != replica_id),
                         )
                         .values(owner=replica_id, acquired_at=at, expires_at=until, renewed_at=now)
                     )
