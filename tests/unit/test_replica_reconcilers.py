@@ -72,7 +72,7 @@ def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replic
             planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
             placement=PlacementConfig(min_group_size=2),
         ),
-        replicas=ReplicaGate(ownership=ownership, coordination=coordination, configured=boxes(*BOX_IDS)),
+        replicas=ReplicaGate(ownership=ownership, coordination=coordination),
     )
     holder.append(reconciler)
     return Replica(name, reconciler, ownership, coordination)
@@ -166,9 +166,7 @@ def test_the_survivor_reprobes_a_dead_replicas_boxes_before_routing_them(url: st
 def alone(url: str, engine: FakeEngine, clock: FakeClock) -> Reconciler:
     """One daemon on its own SQLite file: every box trivially its own, deploy state from the store."""
     store = SqlStore.from_url(url, now=clock.now)
-    gate = ReplicaGate(
-        ownership=SoleOwnership("solo"), coordination=SqlCoordination(store), configured=boxes(*BOX_IDS)
-    )
+    gate = ReplicaGate(ownership=SoleOwnership("solo"), coordination=SqlCoordination(store))
     return Reconciler(
         engine=engine,
         store=store,

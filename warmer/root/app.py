@@ -120,7 +120,7 @@ class Daemon:
         self._store = store
         engines = build_engine_dispatcher(settings, self.http, boxes=self.boxes, profiles=self.profiles)
         meter = CallVolumeMeter(clock, window_seconds=settings.dialer.volume_window_seconds)
-        replicas = ReplicaWiring(settings, store, clock=clock, configured=self.boxes)  # leases, shared state
+        replicas = ReplicaWiring(settings, store, clock=clock)  # leases and shared deploy state
         reconciler = Reconciler(
             engine=engines,
             store=store,

@@ -10,7 +10,7 @@ shared deploy state is still read from the store, so a restarted daemon keeps a 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection
 from typing import Protocol
 
 from warmer.adapters.store import SqlStore
@@ -18,7 +18,6 @@ from warmer.adapters.store.coordination import SqlCoordination
 from warmer.adapters.store.notify import listen_for_changes
 from warmer.config.settings import Settings
 from warmer.core.leases import LeaseConfig
-from warmer.core.model import BoxSpec
 from warmer.ports import Clock
 from warmer.root.logging import get_logger
 from warmer.service.ownership import BoxOwnership, SoleOwnership
@@ -46,9 +45,7 @@ class ReplicaWiring:
     """The pieces one replica runs. `attach` the reconciler once it is built (it takes `gate`); `tasks`
     are its root tasks."""
 
-    def __init__(
-        self, settings: Settings, store: object, *, clock: Clock, configured: Sequence[BoxSpec]
-    ) -> None:
+    def __init__(self, settings: Settings, store: object, *, clock: Clock) -> None:
         self._url = settings.database_url()
         self._reconciler: ReplicaAware | None = None
         self._fleet: Callable[[], Collection[str]] = lambda: ()
@@ -72,7 +69,7 @@ class ReplicaWiring:
             )
         else:
             holder = SoleOwnership(settings.replicas.replica_id)
-        self.gate = ReplicaGate(ownership=holder, coordination=self.coordination, configured=configured)
+        self.gate = ReplicaGate(ownership=holder, coordination=self.coordination)
 
     def attach(self, reconciler: ReplicaAware, fleet: Callable[[], Collection[str]]) -> None:
         self._reconciler, self._fleet = reconciler, fleet

@@ -8,12 +8,13 @@
 - `stored_warmups(epochs)`: for boxes held elsewhere, how far the holder's restart warm-up got.
 - `shared_state()` and `fleet_edits(...)`: rollout drains, epoch tags and webhook fleet changes every replica
   applies each pass (`warmer.core.shared_state`).
-A reconciler without a gate (one daemon on its own SQLite file, unit tests) owns every box.
+On its own SQLite file a daemon holds every box trivially (`SoleOwnership`); a reconciler without a gate
+(over a fake store in unit tests) owns every box and shares nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from warmer.core.model import BoxSpec
@@ -37,12 +38,10 @@ class FleetEdits:
 class ReplicaGate:
     """This replica's leases and the shared state, as the reconciler consults them."""
 
-    def __init__(
-        self, *, ownership: LeaseHolder, coordination: CoordinationPort, configured: Sequence[BoxSpec]
-    ) -> None:
+    def __init__(self, *, ownership: LeaseHolder, coordination: CoordinationPort) -> None:
         self.ownership = ownership
         self._coordination = coordination
-        self._configured = tuple(configured)
+        self._applied: dict[str, str] = {}  # box id -> event id of the fleet change applied last
 
     @property
     def replica_id(self) -> str:
@@ -61,13 +60,24 @@ class ReplicaGate:
         return await self._coordination.shared_state()
 
     def fleet_edits(self, running: Mapping[str, BoxSpec], state: SharedFleetState) -> FleetEdits:
-        """How the running fleet differs from the configured one with the shared changes applied."""
-        wanted = {box.id: box for box in state.fleet(self._configured)}
-        add = tuple(box for box_id, box in wanted.items() if running.get(box_id) != box)
-        remove = tuple(
-            box_id for box_id, box in running.items() if box_id not in wanted or wanted[box_id] != box
-        )
-        return FleetEdits(add=add, remove=remove)
+        """The stored fleet changes not applied here yet, as edits of the running fleet (a box this
+        replica already runs as the change says is left alone). Boxes no change names (configured ones,
+        ones discovery found) are never touched."""
+        add: list[BoxSpec] = []
+        remove: list[str] = []
+        for box_id, change in sorted(state.changes.items()):
+            if self._applied.get(box_id) == change.event_id:
+                continue
+            self._applied[box_id] = change.event_id
+            current = running.get(box_id)
+            if change.added is None:
+                if current is not None:
+                    remove.append(box_id)
+            elif current != change.added:
+                if current is not None:
+                    remove.append(box_id)  # a changed spec: out, then in again
+                add.append(change.added)
+        return FleetEdits(add=tuple(add), remove=tuple(remove))
 
     async def stored_warmups(self, epochs: Mapping[str, str]) -> dict[str, StoredWarmup]:
         """box id -> its restart warm-up in the given epoch, as the holder's phases say."""
