@@ -9,9 +9,8 @@ root tasks with `daemon.supervisor.add(name, task)` and their API needs as `ApiS
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import httpx
@@ -24,7 +23,6 @@ from warmer.adapters.store import SqlStore, current_revision, head_revision, upg
 from warmer.adapters.store.engine import create_store_engine
 from warmer.adapters.store.filelock import SqliteFileLock, sqlite_database_file
 from warmer.api import ApiServices, Readiness, create_app
-from warmer.api.observe import RequestMetricsMiddleware
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
@@ -45,6 +43,7 @@ from warmer.root.frontdoor import (
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
+from warmer.root.server import api_server
 from warmer.root.supervisor import Supervisor
 from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.gateway_sync import GatewaySync
@@ -127,14 +126,6 @@ def prepare_database(settings: Settings) -> None:
         )
 
 
-class _ApiServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the supervisor owns SIGTERM/SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 class Daemon:
     """The running warmer: API server plus (later) the reconciler and scheduler, as supervised root tasks."""
 
@@ -205,6 +196,7 @@ class Daemon:
                 max_request_bytes=settings.api.max_request_bytes,
                 webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
                 capacity=self.capacity if self.boxes else None,
+                requests=metrics.http,
             )
         )
         self.supervisor = Supervisor(
@@ -223,7 +215,6 @@ class Daemon:
                 self.supervisor.add("gateway-sync", self._run_gateway_sync)
             if settings.fleet.discovery is not None:
                 self.supervisor.add("discovery", self._run_discovery)
-        self.api.add_middleware(RequestMetricsMiddleware, observer=metrics.http)
 
     def _fleet_changed(self, boxes: Sequence[BoxSpec]) -> None:
         """A deploy event added or removed a box: the reconciler's engine client may call exactly these."""
@@ -343,18 +334,11 @@ class Daemon:
             lock.release()
 
     async def _serve_api(self, stopping: asyncio.Event) -> None:
-        api = self.settings.api
-        config = uvicorn.Config(
+        server = api_server(
             self.api,
-            host=api.host,
-            port=api.port,
-            log_config=None,  # our logging setup renders uvicorn's records
-            access_log=False,
-            lifespan="off",  # the daemon, not the web app, owns resources
-            server_header=False,
-            timeout_graceful_shutdown=max(1, int(self.settings.reconcile.shutdown_grace_seconds)),
+            self.settings.api,
+            graceful_shutdown_seconds=max(1, int(self.settings.reconcile.shutdown_grace_seconds)),
         )
-        server = _ApiServer(config)
         self._server = server
 
         async def stop_when_asked() -> None:
