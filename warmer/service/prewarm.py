@@ -98,7 +98,9 @@ class PrewarmBackend(Protocol):
         """The agent's ready boxes with ramp weights, in spill order."""
         ...
 
-    def box(self, box_id: str) -> BoxSpec | None: ...
+    def fleet(self) -> Mapping[str, BoxSpec]:
+        """The boxes the daemon may call now, by id (read once per ask)."""
+        ...
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         """The engine slot holding the agent's prefix on the box, where slots are pinned (llama.cpp)."""
@@ -306,10 +308,6 @@ class PrewarmService:
         self.ledger = ledger or CallLedger(clock)
         self._rng = rng or random.Random()
 
-    def _slots(self, box_id: str) -> int:
-        box = self._backend.box(box_id)
-        return box.slots if box is not None else 1
-
     def observed_demand(self) -> Mapping[str, float]:
         """Agent -> calls per minute seen in pre-call asks (feeds placement next to campaign volume)."""
         return self.meter.calls_per_minute()
@@ -333,13 +331,19 @@ class PrewarmService:
         answer = await self._backend.ensure_warm(ask.agent_id, wait)
         waited_ms = max(0, round((self._clock.monotonic() - started) * 1000))
         box_id = answer.box_id
+        fleet = self._backend.fleet()
         if answer.routed:
             routes = self._backend.routes_for(ask.agent_id)
             if routes:
-                box_id = pick_least_loaded(routes, ask.call_id, self.ledger, self._slots, self._rng).box_id
+
+                def slots(box_id: str) -> int:
+                    box = fleet.get(box_id)
+                    return box.slots if box is not None else 1
+
+                box_id = pick_least_loaded(routes, ask.call_id, self.ledger, slots, self._rng).box_id
         if box_id is None:
             raise PrewarmUnavailable(answer.detail or "no box can serve the agent now")
-        box = self._backend.box(box_id)
+        box = fleet.get(box_id)
         if box is None:  # the fleet changed under the answer
             raise PrewarmUnavailable(f"box {box_id!r} left the fleet")
         self.ledger.hand(box_id, ask.call_id)
@@ -383,8 +387,8 @@ class ReconcilerBackend:
     def routes_for(self, agent_id: str) -> Sequence[Route]:
         return self._running().agent_routes(agent_id)
 
-    def box(self, box_id: str) -> BoxSpec | None:
-        return self._running().fleet().get(box_id)
+    def fleet(self) -> Mapping[str, BoxSpec]:
+        return self._running().fleet()
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return self._running().prefix_slot(agent_id, box_id)
