@@ -18,11 +18,13 @@ record), non-2xx answers and the server's CPU per ask (its /proc utime+stime ove
 `GET /healthz` at the highest concurrency (the server's ceiling for a route that does nothing). Then, on
 `baseline` and `current`:
 
-- spread and stickiness: 1,000 asks with distinct call ids at concurrency 16 (the box each was given),
-  then one more ask for every 10th of them (each must get its first box again);
-- release latency: every box is restarted (new epochs, empty caches: the agent is cold), `--cold-asks`
-  asks are sent at once with `wait_ms` 60 s, and each answer's arrival is set against the moment the
-  agent's warm was verified (the `warm_transition` event to `warm` in the daemon's own database).
+- spread and stickiness (first, while the call ledger is empty): 1,000 asks with distinct call ids at
+  concurrency 16 (the box each was given), then one more ask for every 10th of them (each must get its
+  first box again);
+- release latency: every box is restarted (new epochs, empty caches: the agent is cold); once the daemon
+  has seen it (the agent has no route left), `--cold-asks` asks are sent at once with `wait_ms` 60 s, and
+  each answer's arrival is set against the moment the agent's warm was first verified (the
+  `warm_transition` event to `warm` in the daemon's own database).
 - connection burst (`current`, then `current` with `api.backlog = 64`): `--cold-asks` new connections at
   once, each one ask for the warm agent; time until all are answered.
 
@@ -40,6 +42,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -166,6 +169,11 @@ tokens = ["{TOKEN}"]
 ramp_seconds = 1.0
 shutdown_grace_seconds = 5.0
 
+[engines]
+# The machine is shared and loaded: a 3 s health timeout lets a slow answer bounce a box (a new epoch,
+# then a restart warm-up) in the middle of a run.
+health_timeout_seconds = 10.0
+
 [dialer]
 prewarm_max_wait_seconds = 60.0
 
@@ -218,18 +226,23 @@ def routed_boxes(serve: Serve) -> list[str]:
     return [] if entry is None else sorted(route["box_id"] for route in entry["routes"])
 
 
-def wait_routed(serve: Serve, boxes: Sequence[str], timeout: float = READY_TIMEOUT_SECONDS) -> float:
-    """Seconds until the agent is routed on every box (and each at full weight)."""
+def wait_routed(serve: Serve, boxes: Sequence[str], timeout: float = READY_TIMEOUT_SECONDS) -> list[str]:
+    """The agent's routed boxes once they are at least two (its placement group starts at two boxes and
+    widens with call volume) and have not changed for 3 s, past the 1 s ramp."""
     started = time.monotonic()
+    last: list[str] = []
+    since = started
     while time.monotonic() - started < timeout:
         if serve.process.poll() is not None:
             raise RuntimeError(f"serve exited with {serve.process.returncode}:\n{log_tail(serve.log)}")
         with contextlib.suppress(httpx.TransportError, httpx.HTTPStatusError):
-            if routed_boxes(serve) == sorted(boxes):
-                time.sleep(1.5)  # past the ramp (ramp_seconds = 1)
-                return time.monotonic() - started
+            routed = routed_boxes(serve)
+            if routed != last:
+                last, since = routed, time.monotonic()
+            elif len(routed) >= min(2, len(boxes)) and time.monotonic() - since >= 3.0:
+                return routed
         time.sleep(0.25)
-    raise RuntimeError(f"agent not routed on {list(boxes)} within {timeout:.0f}s:\n{log_tail(serve.log)}")
+    raise RuntimeError(f"agent not routed within {timeout:.0f}s (last {last}):\n{log_tail(serve.log)}")
 
 
 # -------------------------------------------------------------------------------------------- wrk runs
@@ -432,14 +445,18 @@ def first_verification(database: Path, since: float) -> tuple[float | None, int]
     return (verified[0] if verified else None), len(started)
 
 
-async def cold_release(serve: Serve, fleet: LlamaFleet, asks: int, tag: str) -> Release:
+def cold_release(serve: Serve, fleet: LlamaFleet, asks: int, tag: str) -> Release:
     """Restart every box (the agent goes cold), ask `asks` times at once with a long wait, and time each
     answer from the agent's first verified warm."""
     since = time.time()
     for box in fleet.boxes:
         fleet.restart(box.id)
-    answered = await burst(serve, asks, tag, COLD_WAIT_MS)
-    await asyncio.sleep(1.0)  # the event row is written as the record changes; give the store a moment
+    # Until its health poll sees the new epochs the daemon still routes the old ones: ask once it has.
+    deadline = time.monotonic() + 120
+    while routed_boxes(serve) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    answered = asyncio.run(burst(serve, asks, tag, COLD_WAIT_MS))
+    time.sleep(1.0)  # the event row is written as the record changes; give the store a moment
     verified_at, warms = first_verification(serve.database, since)
     delays = sorted((t - verified_at) * 1000 for t in answered.answered_at) if verified_at else []
 
@@ -480,9 +497,23 @@ async def connection_burst(serve: Serve, variant: str, asks: int, tag: str) -> C
 class VariantResult:
     variant: str
     ready_seconds: float
+    routed_at_start: list[str]
     loads: list[LoadResult]
     spread: Spread | None = None
     release: Release | None = None
+    # warning lines the daemon logged during the load runs, by message (e.g. a health poll that timed out
+    # while the loop was saturated takes a box out of every route)
+    warnings_under_load: dict[str, int] = field(default_factory=dict)
+
+
+def warnings(serve: Serve, skip_lines: int) -> dict[str, int]:
+    found: Counter[str] = Counter()
+    for line in serve.log.read_bytes().splitlines()[skip_lines:]:
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if record.get("level") in ("warning", "error"):
+                found[f"{record.get('event')} ({record.get('box', '')})"] += 1
+    return dict(found)
 
 
 def run_variant(
@@ -502,8 +533,12 @@ def run_variant(
     box_ids = [box.id for box in fleet.boxes]
     bursts: list[ConnectionBurst] = []
     with serving(variant, fleet, workdir / tag) as serve:
-        ready = wait_routed(serve, box_ids)
-        say(f"{variant.name}: routed on {box_ids} after {ready:.1f}s")
+        started = time.monotonic()
+        routed = wait_routed(serve, box_ids)
+        ready = time.monotonic() - started
+        say(f"{variant.name}: routed on {routed} after {ready:.1f}s")
+        spread = asyncio.run(spread_and_stickiness(serve, f"{tag}-spread")) if probes else None
+        logged_before = len(serve.log.read_bytes().splitlines())
         run_wrk(serve, variant.name, post, "/v1/prewarm", max(levels), 2, f"{tag}-warmup")
         loads = []
         for concurrency in levels:
@@ -520,12 +555,14 @@ def run_variant(
             )
             say(f"{variant.name}: c={concurrency}: {loads[-1].rps:,.0f} req/s, p99 {loads[-1].p99_ms:.1f} ms")
         loads.append(run_wrk(serve, variant.name, get, "/healthz", max(levels), args.seconds, "healthz"))
-        result = VariantResult(variant.name, ready, loads)
-        if probes:
-            result.spread = asyncio.run(spread_and_stickiness(serve, f"{tag}-spread"))
-            say(f"{variant.name}: spread {result.spread.by_box}, kept {result.spread.kept_box}")
+        result = VariantResult(
+            variant.name, ready, routed, loads, warnings_under_load=warnings(serve, logged_before)
+        )
+        if spread is not None:
+            result.spread = spread
+            say(f"{variant.name}: spread {spread.by_box}, kept {spread.kept_box}")
             bursts.append(asyncio.run(connection_burst(serve, variant.name, args.cold_asks, f"{tag}-conn")))
-            result.release = asyncio.run(cold_release(serve, fleet, args.cold_asks, f"{tag}-cold"))
+            result.release = cold_release(serve, fleet, args.cold_asks, f"{tag}-cold")
             say(f"{variant.name}: release {result.release}")
             wait_routed(serve, box_ids)
     return result, bursts
@@ -560,12 +597,20 @@ def report(results: Sequence[VariantResult], bursts: Sequence[ConnectionBurst], 
                 f"{ratio(r.rps, b.rps) if b else 'n/a'} | {ratio(r.p99_ms, b.p99_ms) if b else 'n/a'} |"
             )
     print()
-    print("| variant | calls | by box | not ready | retried | kept their box |")
-    print("|---|---|---|---|---|---|")
+    print("| variant | warnings logged under load |")
+    print("|---|---|")
+    for v in results:
+        print(f"| {v.variant} | {v.warnings_under_load or 'none'} |")
+    print()
+    print("| variant | routed boxes | calls | by box | not ready | retried | kept their box |")
+    print("|---|---|---|---|---|---|---|")
     for v in results:
         if v.spread is not None:
             s = v.spread
-            print(f"| {v.variant} | {s.calls} | {s.by_box} | {s.not_ready} | {s.retried} | {s.kept_box} |")
+            print(
+                f"| {v.variant} | {', '.join(v.routed_at_start)} | {s.calls} | {s.by_box} | {s.not_ready} "
+                f"| {s.retried} | {s.kept_box} |"
+            )
     print()
     print(
         "| variant | asks waiting | answered ready | warms started | first ms | p50 ms | p99 ms | last ms |"
@@ -606,6 +651,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the daemon and the llama-server boxes are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
     from testbed.llama_build import ensure_llama_server
