@@ -38,6 +38,7 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_sizes.py
 	$(BIN)/hadolint Containerfile
 
 check-services:

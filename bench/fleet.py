@@ -73,7 +73,8 @@ from testbed.tiny_model import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, UNK_ID, b
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
-from warmer.core.agents import AgentSpec, build_request, sample_values
+from warmer.core.agent_requests import build_request, sample_values
+from warmer.core.agents import AgentSpec
 from warmer.core.prefix import RenderFn, StablePrefix, compute_stable_prefix
 from warmer.core.webhook import SIGNATURE_HEADER, sign_body
 

@@ -46,12 +46,14 @@ from warmer.core.model import (
     WarmState,
 )
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, Route, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.readiness import Route
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import SystemClock
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
-from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
 from warmer.service.warming import WarmExecutor
+from warmer.testing import is_probe
 
 PREFIX_TOKENS = 1500
 PROFILE = ModelProfile(
@@ -92,7 +94,7 @@ class TimedEngine:
         rank: int | None = None,
     ) -> CompletionReport:
         assert prefix.token_ids is not None
-        (self.probes if suffix.startswith("\n#probe") else self.warms)[box.id] += 1
+        (self.probes if is_probe(suffix) else self.warms)[box.id] += 1
         async with self.slots[box.id]:
             hit = prefix.token_ids in self.caches[box.id]
             await asyncio.sleep(0.001 if hit else self.warm_seconds)
@@ -245,20 +247,20 @@ async def run(asks: int, box_count: int, warm_seconds: float) -> None:
         )
         # Warm-ups done, prefix computed, but no prefix on any box yet: tick once with a gated engine.
         await reconciler.start()
-        service = PrewarmService(ReconcilerBackend(lambda: reconciler, lambda: {"sales"}), clock)
+        service = PrewarmService(ReconcilerBackend(reconciler), clock)
         app = create_app(ApiServices(registry=CollectorRegistry(), readiness=ready, prewarm=service))
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warmer", timeout=60) as client:
             # Bring the boxes up (restart warm-up) without warming the prefix: new epoch right after.
             for _ in range(3):
                 await reconciler.tick()
-                await reconciler.drain()
+                await reconciler.wait_idle()
             engine.generation += 1  # a fleet restart: every cache cold, warm-ups again
             for box_id in box_ids:
                 engine.caches[box_id].clear()
             stopping = asyncio.Event()
             await reconciler.tick()  # sees the new epochs; the restart warm-ups start
-            await reconciler.drain()
+            await reconciler.wait_idle()
             engine.warms.clear()
             engine.probes.clear()
             loop = asyncio.create_task(reconciler.run(stopping))

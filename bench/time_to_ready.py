@@ -28,8 +28,7 @@ from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
-from warmer.service.reconcile_types import ReadyReport
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import ReadyReport, Reconciler
 
 REPO = Path(__file__).resolve().parents[1]
 

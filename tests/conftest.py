@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import asyncio.runners
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +14,40 @@ from testbed.llama_build import ensure_llama_server
 from testbed.tiny_hf_model import ensure_tiny_hf_model
 from testbed.tiny_model import ensure_tiny_model
 from testbed.vllm_server import VllmServer
+
+# -- no asyncio task outlives the test that started it --------------------------------------------------
+# `asyncio.run` cancels whatever is still running when its coroutine returns, so a task a test (or the code
+# under test) forgot would vanish silently. The runner's cancel step is wrapped to note those tasks first.
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_tasks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    leaked: list[str] = []
+    cancel_all = asyncio.runners._cancel_all_tasks  # type: ignore[attr-defined]
+
+    def noting_leaks(loop: asyncio.AbstractEventLoop) -> None:
+        running = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        leaked.extend(sorted(f"{task.get_name()}: {task.get_coro()!r}" for task in running))
+        cancel_all(loop)
+
+    monkeypatch.setattr(asyncio.runners, "_cancel_all_tasks", noting_leaks)
+    yield
+    if leaked:
+        pytest.fail("asyncio tasks still running when the test's event loop ended:\n  " + "\n  ".join(leaked))
+
+
+# -- per-test timeouts: short for unit tests, longer for tests against real processes ------------------
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`timeout` in pyproject bounds a unit test; integration tests start engines and databases."""
+    for item in items:
+        if item.get_closest_marker("integration") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(INTEGRATION_TIMEOUT_SECONDS))
+
+
+INTEGRATION_TIMEOUT_SECONDS = 900
+
 
 # -- real llama-server boxes (testbed) ----------------------------------------------------------------
 # Never skipped: a missing binary is built (about 9 minutes, once per machine), as CI relies on.

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from warmer.core.lint import TokenCountObservation
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
@@ -19,6 +18,7 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
+from warmer.core.tokenizer_drift import TokenCountObservation
 
 
 class Clock(Protocol):

@@ -24,7 +24,8 @@ import httpx
 from testbed.fleet import LlamaFleet, free_loopback_port
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
-from warmer.core.agents import AgentSpec, build_request, sample_values
+from warmer.core.agent_requests import build_request, sample_values
+from warmer.core.agents import AgentSpec
 from warmer.core.prefix import StablePrefix, compute_stable_prefix
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,8 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from testbed.fleet import LlamaBox, LlamaFleet
-from warmer.adapters.engines.base import RestartWatch
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
+from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.cli import main
 from warmer.core.model import BoxSpec, CacheStats, EngineKind, EngineTimeouts, ModelProfile, Prefix
 from warmer.root.engines import SystemClock

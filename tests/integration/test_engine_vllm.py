@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer
-from warmer.adapters.engines.base import RestartWatch
+from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, ModelProfile, Prefix
 from warmer.root.engines import SystemClock

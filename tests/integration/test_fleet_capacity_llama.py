@@ -33,7 +33,8 @@ from tests.integration.daemon_harness import (
 from warmer.config.agents import load_agent_spec
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
-from warmer.core.agents import AgentSpec, build_request, sample_values
+from warmer.core.agent_requests import build_request, sample_values
+from warmer.core.agents import AgentSpec
 from warmer.core.prefix import compute_stable_prefix
 
 pytestmark = pytest.mark.integration

@@ -20,14 +20,9 @@ from warmer.adapters.gateway.sglang_router import SglangRouterGateway
 from warmer.core.hitrate import cache_stats_from_metrics
 from warmer.core.model import BoxSpec, EngineKind
 
-pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+pytestmark = pytest.mark.integration
 
 FleetFactory = Callable[..., LlamaFleet]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 @pytest.fixture
@@ -55,100 +50,107 @@ async def complete_via_router(client: httpx.AsyncClient, router: str, prompt: st
     return await client.post(f"{router}/v1/completions", json=body, timeout=120.0)
 
 
-async def test_router_routes_only_to_registered_boxes(
-    router_url: str, llama_fleet_factory: FleetFactory
-) -> None:
-    fleet = llama_fleet_factory(2)
-    first, second = fleet.boxes
-    async with httpx.AsyncClient() as client:
-        gateway = SglangRouterGateway(client, router_url, settle_timeout=60)
-        assert await gateway.registered() == set()
+def test_router_routes_only_to_registered_boxes(router_url: str, llama_fleet_factory: FleetFactory) -> None:
+    async def scenario() -> None:
+        fleet = llama_fleet_factory(2)
+        first, second = fleet.boxes
+        async with httpx.AsyncClient() as client:
+            gateway = SglangRouterGateway(client, router_url, settle_timeout=60)
+            assert await gateway.registered() == set()
 
-        await gateway.register(spec(first))
-        assert gateway.api_style == "workers"  # 0.3.2 serves only the /workers API
-        assert await gateway.registered() == {first.base_url}
+            await gateway.register(spec(first))
+            assert gateway.api_style == "workers"  # 0.3.2 serves only the /workers API
+            assert await gateway.registered() == {first.base_url}
 
-        before = (prompt_tokens_seen(first), prompt_tokens_seen(second))
-        for i in range(3):
-            response = await complete_via_router(client, router_url, f"Call {i}: hello, who is this?")
-            assert response.status_code == 200, response.text
-            assert response.json()["choices"][0]["text"] is not None
-        after = (prompt_tokens_seen(first), prompt_tokens_seen(second))
-        assert after[0] > before[0], "the registered box served the requests"
-        assert after[1] == before[1], "the unregistered box got nothing"
+            before = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+            for i in range(3):
+                response = await complete_via_router(client, router_url, f"Call {i}: hello, who is this?")
+                assert response.status_code == 200, response.text
+                assert response.json()["choices"][0]["text"] is not None
+            after = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+            assert after[0] > before[0], "the registered box served the requests"
+            assert after[1] == before[1], "the unregistered box got nothing"
 
-        # swap: second in, first out -> everything goes to the second box
-        await gateway.register(spec(second))
-        await gateway.deregister(spec(first))
-        assert await gateway.registered() == {second.base_url}
-        before = (prompt_tokens_seen(first), prompt_tokens_seen(second))
-        for i in range(3):
-            response = await complete_via_router(client, router_url, f"Call {i}: still there?")
-            assert response.status_code == 200, response.text
-        after = (prompt_tokens_seen(first), prompt_tokens_seen(second))
-        assert after[0] == before[0], "a deregistered box gets no traffic"
-        assert after[1] > before[1]
+            # swap: second in, first out -> everything goes to the second box
+            await gateway.register(spec(second))
+            await gateway.deregister(spec(first))
+            assert await gateway.registered() == {second.base_url}
+            before = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+            for i in range(3):
+                response = await complete_via_router(client, router_url, f"Call {i}: still there?")
+                assert response.status_code == 200, response.text
+            after = (prompt_tokens_seen(first), prompt_tokens_seen(second))
+            assert after[0] == before[0], "a deregistered box gets no traffic"
+            assert after[1] > before[1]
 
-        # a restarted box stays out until it is registered again (warmer does that once it is ready)
-        fleet.restart(first.id)
-        restarted = fleet.box(first.id)
-        before_first = prompt_tokens_seen(restarted)
-        for i in range(2):
-            assert (await complete_via_router(client, router_url, f"Restart {i}")).status_code == 200
-        assert prompt_tokens_seen(restarted) == before_first
-        await gateway.register(spec(restarted))
-        await gateway.deregister(spec(second))
-        assert await gateway.registered() == {restarted.base_url}
-        assert (await complete_via_router(client, router_url, "Back in service")).status_code == 200
-        assert prompt_tokens_seen(restarted) > before_first
+            # a restarted box stays out until it is registered again (warmer does that once it is ready)
+            fleet.restart(first.id)
+            restarted = fleet.box(first.id)
+            before_first = prompt_tokens_seen(restarted)
+            for i in range(2):
+                assert (await complete_via_router(client, router_url, f"Restart {i}")).status_code == 200
+            assert prompt_tokens_seen(restarted) == before_first
+            await gateway.register(spec(restarted))
+            await gateway.deregister(spec(second))
+            assert await gateway.registered() == {restarted.base_url}
+            assert (await complete_via_router(client, router_url, "Back in service")).status_code == 200
+            assert prompt_tokens_seen(restarted) > before_first
 
-        # nothing registered: the router has nowhere to send a request
-        await gateway.deregister(spec(restarted))
-        assert await gateway.registered() == set()
-        seen = (prompt_tokens_seen(restarted), prompt_tokens_seen(second))
-        response = await complete_via_router(client, router_url, "Anyone?")
-        assert response.status_code >= 500
-        assert (prompt_tokens_seen(restarted), prompt_tokens_seen(second)) == seen
+            # nothing registered: the router has nowhere to send a request
+            await gateway.deregister(spec(restarted))
+            assert await gateway.registered() == set()
+            seen = (prompt_tokens_seen(restarted), prompt_tokens_seen(second))
+            response = await complete_via_router(client, router_url, "Anyone?")
+            assert response.status_code >= 500
+            assert (prompt_tokens_seen(restarted), prompt_tokens_seen(second)) == seen
+
+    asyncio.run(scenario())
 
 
-async def test_router_readmits_a_restarted_box_on_its_own_and_takes_runtime_type_silently(
+def test_router_readmits_a_restarted_box_on_its_own_and_takes_runtime_type_silently(
     router_url: str, llama_fleet_factory: FleetFactory
 ) -> None:
     """What the real 0.3.2 router does that decides how warmer keeps a cold box out (see the gateway
     adapter's docstring): a duplicate add is 202 (not smg's 409) and changes nothing, `runtime_type` is
     accepted and ignored, and a registered box that restarts gets traffic again without any call from
     warmer, which is why gateway sync withdraws a box the moment it stops being ready."""
-    fleet = llama_fleet_factory(2)
-    first, second = fleet.boxes
-    async with httpx.AsyncClient() as client:
-        gateway = SglangRouterGateway(client, router_url, settle_timeout=60)
-        await gateway.register(spec(first))
 
-        duplicate = await client.post(f"{router_url}/workers", json={"url": first.base_url}, timeout=10)
-        assert duplicate.status_code == 202
-        with_runtime = {"url": second.base_url, "runtime_type": "sglang"}
-        assert (await client.post(f"{router_url}/workers", json=with_runtime, timeout=10)).status_code == 202
-        deadline = asyncio.get_running_loop().time() + 60
-        while await gateway.registered() != {first.base_url, second.base_url}:
-            assert asyncio.get_running_loop().time() < deadline, "the second add never landed"
-            await asyncio.sleep(0.2)
-        listing = (await client.get(f"{router_url}/workers", timeout=10)).json()["workers"]
-        assert len(listing) == 2  # the duplicate add did not create a second worker
-        assert all("runtime_type" not in entry for entry in listing)
-        await gateway.deregister(spec(second))
+    async def scenario() -> None:
+        fleet = llama_fleet_factory(2)
+        first, second = fleet.boxes
+        async with httpx.AsyncClient() as client:
+            gateway = SglangRouterGateway(client, router_url, settle_timeout=60)
+            await gateway.register(spec(first))
 
-        # Stop and start the registered box behind the router's back: the router notices the failed
-        # health checks, then re-admits the box as soon as /health passes again.
-        fleet.restart(first.id)
-        restarted = fleet.box(first.id)
-        assert restarted.base_url == first.base_url
-        before = prompt_tokens_seen(restarted)
-        response = None
-        for _ in range(100):
-            response = await complete_via_router(client, router_url, "Are you back?")
-            if response.status_code == 200:
-                break
-            await asyncio.sleep(0.2)
-        assert response is not None
-        assert response.status_code == 200, response.text
-        assert prompt_tokens_seen(restarted) > before, "the router routed to the restarted (cold) box"
+            duplicate = await client.post(f"{router_url}/workers", json={"url": first.base_url}, timeout=10)
+            assert duplicate.status_code == 202
+            with_runtime = {"url": second.base_url, "runtime_type": "sglang"}
+            assert (
+                await client.post(f"{router_url}/workers", json=with_runtime, timeout=10)
+            ).status_code == 202
+            deadline = asyncio.get_running_loop().time() + 60
+            while await gateway.registered() != {first.base_url, second.base_url}:
+                assert asyncio.get_running_loop().time() < deadline, "the second add never landed"
+                await asyncio.sleep(0.2)
+            listing = (await client.get(f"{router_url}/workers", timeout=10)).json()["workers"]
+            assert len(listing) == 2  # the duplicate add did not create a second worker
+            assert all("runtime_type" not in entry for entry in listing)
+            await gateway.deregister(spec(second))
+
+            # Stop and start the registered box behind the router's back: the router notices the failed
+            # health checks, then re-admits the box as soon as /health passes again.
+            fleet.restart(first.id)
+            restarted = fleet.box(first.id)
+            assert restarted.base_url == first.base_url
+            before = prompt_tokens_seen(restarted)
+            response = None
+            for _ in range(100):
+                response = await complete_via_router(client, router_url, "Are you back?")
+                if response.status_code == 200:
+                    break
+                await asyncio.sleep(0.2)
+            assert response is not None
+            assert response.status_code == 200, response.text
+            assert prompt_tokens_seen(restarted) > before, "the router routed to the restarted (cold) box"
+
+    asyncio.run(scenario())

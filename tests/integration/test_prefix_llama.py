@@ -26,7 +26,8 @@ from warmer.cli.prompts import render_command
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
-from warmer.core.agents import AgentSpec, build_request, sample_values
+from warmer.core.agent_requests import build_request, sample_values
+from warmer.core.agents import AgentSpec
 from warmer.core.prefix import StablePrefix, compute_stable_prefix
 
 pytestmark = pytest.mark.integration

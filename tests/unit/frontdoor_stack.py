@@ -23,7 +23,7 @@ from pydantic import SecretStr
 from tests.unit.reconciler_fakes import PROFILE, FakeClock, SpecTextPrefixSource, World, agent, settle, world
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.api import ApiServices, Readiness, create_app
-from warmer.config.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
+from warmer.config.server_settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.core.errors import StoreUnavailable
 from warmer.core.webhook import SIGNATURE_HEADER, BoxUrlPolicy, sign_body
 from warmer.service.campaigns import CampaignService
@@ -112,22 +112,20 @@ def build_stack(
         readiness=_ready,
         tokens=(SecretStr(TOKEN),),
         status=StatusService(reconciler, store),  # type: ignore[arg-type]
-        prewarm=PrewarmService(
-            ReconcilerBackend(lambda: reconciler, agents), built.clock, max_wait_seconds=0.0
-        ),
-        campaigns=CampaignService(lambda: store, agents, on_change=reconciler.poke),  # type: ignore[arg-type, return-value]
+        prewarm=PrewarmService(ReconcilerBackend(reconciler), built.clock, max_wait_seconds=0.0),
+        campaigns=CampaignService(store, agents, on_change=reconciler.poke),  # type: ignore[arg-type]
         deploy=DeployService(
-            store=lambda: store,  # type: ignore[arg-type, return-value]
+            store=store,  # type: ignore[arg-type]
             clock=built.clock,
             config=WebhookConfig(secrets=(SECRET,), box_url_policy=BoxUrlPolicy(ALLOWED_BOX_URLS)),
-            fleet=lambda: reconciler,
+            fleet=reconciler,
         ),
         capacity=CapacityService(
             snapshot=reconciler.snapshot,
-            usage=lambda: None,  # no hit-rate monitor here: use figures are unknown, ceilings from the store
+            usage=None,  # no hit-rate monitor here: use figures are unknown, ceilings from the store
             ceilings=PrefillCeilings(),
             profiles={"m": PROFILE},
-            store=lambda: store,  # type: ignore[arg-type, return-value]
+            store=store,  # type: ignore[arg-type]
             clock=built.clock,
         ),
         max_request_bytes=max_request_bytes,

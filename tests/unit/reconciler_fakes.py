@@ -24,9 +24,10 @@ from warmer.core.model import (
     RestartRecipe,
 )
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
-from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver, ReconcilerConfig
-from warmer.service.reconciler import Reconciler
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
+from warmer.service.reconciler import ComputedPrefix, ReconcileObserver, Reconciler, ReconcilerConfig
+from warmer.testing import is_probe
 
 PREFIX_TOKENS = 500
 PROFILE = ModelProfile(
@@ -37,7 +38,6 @@ PROFILE = ModelProfile(
     keepalive_seconds=240.0,
     restart=RestartRecipe(burst_levels=(1, 4), long_prefill_margin_tokens=64),
 )
-PROBE_MARK = "\n#probe"
 
 
 class FakeClock:
@@ -119,7 +119,7 @@ class FakeEngine:
     ) -> CompletionReport:
         if self.gate is not None:
             await self.gate.wait()
-        kind = "probe" if suffix.startswith(PROBE_MARK) else "warm"
+        kind = "probe" if is_probe(suffix) else "warm"
         self.log.append((box.id, kind, suffix))
         (self.probe_requests if kind == "probe" else self.warm_requests)[box.id] += 1
         self.prefix_log.append((box.id, kind, self.clock.now() if self.clock is not None else 0.0))
@@ -279,7 +279,7 @@ async def settle(reconciler: Reconciler, rounds: int = 10) -> None:
     """Tick and let every started action finish, a bounded number of times (no sleeping)."""
     for _ in range(rounds):
         await reconciler.tick()
-        await reconciler.drain()
+        await reconciler.wait_idle()
     await reconciler.tick()
 
 

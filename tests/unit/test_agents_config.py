@@ -12,7 +12,8 @@ from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR, spec, tool
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import FileTokenizer, byte_spm_tokenizer, load_tokenizer, offline_tokenizer
-from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock, build_request, substitute
+from warmer.core.agent_requests import build_request
+from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock, substitute
 from warmer.core.errors import ConfigError
 
 GOOD_SPEC = """

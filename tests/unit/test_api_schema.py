@@ -166,6 +166,7 @@ def run_operation(
             raise
 
 
+@pytest.mark.timeout(300)  # fuzzes every operation: minutes on a busy CI machine, not seconds
 def test_every_operation_answers_as_documented(served: ServedStack, http: httpx.Client) -> None:
     schema = schemathesis.openapi.from_url(f"{served.base_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]

@@ -28,7 +28,8 @@ from warmer.core.campaigns import (
 )
 from warmer.core.model import Campaign, WarmState
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.campaigns import (
     CampaignService,
     ScheduleFileInvalid,
@@ -121,7 +122,7 @@ def test_campaign_api_put_replace_list_delete_and_errors(store_url: str) -> None
     async def scenario() -> None:
         store = SqlStore.from_url(store_url)
         pokes: list[int] = []
-        service = CampaignService(lambda: store, lambda: {"sales"}, on_change=lambda: pokes.append(1))
+        service = CampaignService(store, lambda: {"sales"}, on_change=lambda: pokes.append(1))
         async with api_client(service) as client:
             body = {
                 "agent": "sales",
@@ -192,7 +193,7 @@ def test_schedule_file_replaces_by_id_and_never_touches_api_campaigns(store_url:
             },
         ]
         path.write_text(json.dumps(entries))
-        sync = ScheduleFileSync(path, lambda: store, lambda: {"sales"})
+        sync = ScheduleFileSync(path, store, lambda: {"sales"})
         assert await sync.sync() == (2, 0)
         assert await sync.sync() == (0, 0)  # unchanged file: no writes
         assert {c.id for c in await store.list_campaigns()} == {"api-1", "file-1", "file-2"}
@@ -323,7 +324,7 @@ def test_a_campaign_survives_a_daemon_restart_because_it_lives_in_the_store(stor
 
     async def scenario() -> None:
         first = world(store_url, planner=planner)
-        service = CampaignService(lambda: first.store, lambda: {"sales"}, on_change=first.reconciler.poke)
+        service = CampaignService(first.store, lambda: {"sales"}, on_change=first.reconciler.poke)
         starts = first.clock.t + 3600.0
         await service.put(CampaignDraft("night", "sales", starts, starts + 600, 10))
         await first.reconciler.close()

@@ -44,20 +44,19 @@ from warmer.core.capacity import (
 )
 from warmer.core.hitrate import cache_stats_from_metrics
 from warmer.core.model import BoxSpec, CacheStats, EngineKind, ModelProfile
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.capacity import OfflineCallTokens, capacity_config
 from warmer.root.metrics import CapacityMetrics, Metrics
 from warmer.service.capacity import (
     CapacityConfig,
     CapacityReport,
     CapacityService,
-    CapacityUnavailable,
     PrefillCeilings,
 )
 from warmer.service.hitrate_monitor import HitRateConfig, HitRateMonitor
-from warmer.service.reconcile_types import ReconcilerConfig
-from warmer.service.reconciler import Reconciler
-from warmer.service.restart import RestartWarmup, long_prefill_target
+from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.restart_warmup import RestartWarmup, long_prefill_target
 
 BOX = BoxSpec(id="b1", base_url="http://b1:8080", engine=EngineKind.LLAMACPP, model="m")
 
@@ -272,10 +271,10 @@ def test_service_measures_ceilings_on_the_warm_up_and_reports_headroom_per_agent
 
     service = CapacityService(
         snapshot=reconciler.snapshot,
-        usage=lambda: rates,
+        usage=rates,
         ceilings=ceilings,
         profiles={"m": PROFILE},
-        store=lambda: store,
+        store=store,
         clock=clock,
         per_call_tokens=calls,
         observer=Observer(),
@@ -310,10 +309,10 @@ def test_a_restarted_daemon_estimates_the_ceiling_from_the_stored_phase(store_ur
     asyncio.run(settle(reconciler))
     fresh = CapacityService(  # what this daemon measured is gone; the store's phase records are not
         snapshot=reconciler.snapshot,
-        usage=lambda: None,
+        usage=None,
         ceilings=PrefillCeilings(),
         profiles={"m": PROFILE},
-        store=lambda: store,
+        store=store,
         clock=clock,
     )
     report = asyncio.run(fresh.report())
@@ -334,10 +333,10 @@ def test_a_profile_ceiling_wins_and_stale_windows_do_not_count(store_url: str) -
     rates = Rates({"b1": UncachedRate(500.0, 10.0, clock.monotonic() - 1000.0)})
     service = CapacityService(
         snapshot=reconciler.snapshot,
-        usage=lambda: rates,
+        usage=rates,
         ceilings=PrefillCeilings(),
         profiles={"m": profile},
-        store=lambda: store,
+        store=store,
         clock=clock,
         config=CapacityConfig(safe_fraction=0.5, max_usage_age_seconds=60.0),
     )
@@ -350,19 +349,6 @@ def test_a_profile_ceiling_wins_and_stale_windows_do_not_count(store_url: str) -
     )
     assert b1.used_tokens_per_second is None  # 1000 s old: says nothing about now
     assert report.safe_fraction == 0.5
-
-
-def test_no_reconciler_no_capacity() -> None:
-    service = CapacityService(
-        snapshot=lambda: None,
-        usage=lambda: None,
-        ceilings=PrefillCeilings(),
-        profiles={},
-        store=lambda: None,
-        clock=FakeClock(),
-    )
-    with pytest.raises(CapacityUnavailable):
-        asyncio.run(service.report())
 
 
 def test_capacity_settings_reach_the_service_config() -> None:
@@ -436,13 +422,7 @@ def test_api_answers_capacity_behind_the_token() -> None:
     assert body["boxes"]["b1"]["ceiling_tokens_per_second"] == 10000.0
 
 
-def test_api_is_503_until_the_reconciler_runs() -> None:
-    starting = ApiServices(
-        registry=CollectorRegistry(),
-        readiness=_ready,
-        capacity=FixedCapacity(CapacityUnavailable("starting")),  # type: ignore[arg-type]
-    )
-    assert _get(starting).status_code == 503
+def test_api_is_503_without_a_capacity_service() -> None:
     assert _get(ApiServices(registry=CollectorRegistry(), readiness=_ready)).status_code == 503  # type: ignore[arg-type]
 
 
@@ -468,24 +448,32 @@ def test_gauges_show_unknown_as_nan_and_drop_boxes_that_left() -> None:
     assert isinstance(Metrics().capacity, CapacityMetrics)
 
 
-def test_the_daemon_serves_capacity_when_it_has_boxes() -> None:
-    from warmer.root.app import build
+def test_the_daemon_serves_capacity_when_it_has_boxes(tmp_path: Path) -> None:
+    from warmer.root.app import Daemon, build
 
     box = {"id": "b1", "base_url": "http://127.0.0.1:1", "engine": "llamacpp", "model": "m"}
-    with_boxes = build(Settings.model_validate({"fleet": {"boxes": [box]}}), profiles={"m": PROFILE})
-    assert "/v1/capacity" in with_boxes.api.openapi()["paths"]
-    starting = _get_app(with_boxes.api)  # the service is wired; its reconciler is not running yet
-    assert starting.status_code == 503
-    assert "reconciler is not running" in starting.json()["reason"]
-    empty = _get_app(build(Settings()).api)
+    database = {"state_dir": str(tmp_path)}
+    with_boxes = build(
+        Settings.model_validate({"fleet": {"boxes": [box]}, "database": database}), profiles={"m": PROFILE}
+    )
+
+    async def opened(daemon: Daemon) -> httpx.Response:
+        await daemon.open()  # the store is open and the reconciler built: no pass has run yet
+        try:
+            assert "/v1/capacity" in daemon.api.openapi()["paths"]
+            return await _get_app(daemon.api)
+        finally:
+            await daemon.close()
+
+    answer = asyncio.run(opened(with_boxes))
+    assert answer.status_code == 200
+    assert answer.json()["boxes"]["b1"]["ceiling_tokens_per_second"] is None  # nothing measured yet
+    empty = asyncio.run(opened(build(Settings.model_validate({"database": database}))))
     assert empty.status_code == 503  # no fleet, nothing to size
     assert empty.json() == {"error": "unavailable", "reason": "capacity is not available"}
 
 
-def _get_app(app: object) -> httpx.Response:
-    async def call() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
-            return await client.get("/v1/capacity")
-
-    return asyncio.run(call())
+async def _get_app(app: object) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+        return await client.get("/v1/capacity")

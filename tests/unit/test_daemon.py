@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from warmer.config.settings import Settings
-from warmer.root.app import Daemon, ManagedStore, build
+from warmer.root.app import Daemon, build
+from warmer.root.database import ManagedStore
 
 
 class FakeStore:
@@ -192,3 +193,28 @@ def test_a_server_database_takes_no_file_lock(tmp_path: Path) -> None:
     assert sqlite_database_file("sqlite://") is None
     assert sqlite_database_file("sqlite:///:memory:") is None
     assert sqlite_database_file(f"sqlite:///{tmp_path}/x.db") == tmp_path / "x.db"
+
+
+def test_a_daemon_without_a_fleet_answers_an_empty_fleet_and_takes_no_work(tmp_path: Path) -> None:
+    """Nothing reconciles without boxes or discovery: status says so, and neither a pre-call ask nor a
+    deploy event is accepted for work nobody would do."""
+    daemon = build_with(settings_for(tmp_path, free_port()), FakeStore(), [])
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        await daemon.open()
+        try:
+            transport = httpx.ASGITransport(app=daemon.api)
+            async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+                return (
+                    await client.get("/v1/boxes"),
+                    await client.post("/v1/prewarm", json={"agent": "sales"}),
+                    await client.post("/v1/events/deploy", content=b"{}"),
+                )
+        finally:
+            await daemon.close()
+
+    boxes, prewarm, deploy = asyncio.run(scenario())
+    assert (boxes.status_code, boxes.json()) == (200, {"boxes": []})
+    assert prewarm.status_code == 503
+    assert deploy.status_code == 503
+    assert daemon.supervisor.task_names == ("api",)

@@ -16,11 +16,12 @@ from tests.unit.engine_shapes import (
     openai_completion,
     run,
 )
-from warmer.adapters.engines.base import EngineRejected
+from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import EngineKind, ModelProfile, Prefix
 from warmer.service.warming import WarmExecutor
+from warmer.testing import PROBE_MARK
 
 BOX = box(EngineKind.OPENAI)
 PREFIX = Prefix(
@@ -204,7 +205,7 @@ def test_cache_stats_reads_known_counters_else_not_supported() -> None:
 def test_dense_warm_then_probe_verifies_within_block_granularity() -> None:
     def answer(request: httpx.Request) -> httpx.Response:
         prompt = json.loads(request.content)["prompt"]
-        if "#probe" in prompt:
+        if PROBE_MARK in prompt:
             return httpx.Response(200, json=openai_completion(215, 128))  # whole blocks of 128
         return httpx.Response(200, json=openai_completion(200, 0))
 

@@ -19,7 +19,7 @@ from tests.unit.engine_shapes import (
     sglang_generate,
     sglang_server_info,
 )
-from warmer.adapters.engines.base import EngineRejected
+from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.sglang import SglangEngine, layout_from_server_info
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import EngineKind, MambaStrategy, ModelProfile, Prefix

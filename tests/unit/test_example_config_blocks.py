@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from warmer.config.settings import CapacitySettings, DialerSettings, HitRateSettings
+from warmer.config.loop_settings import CapacitySettings, DialerSettings, HitRateSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
 

@@ -18,8 +18,6 @@ from warmer.adapters.gateway.sglang_router import SglangRouterGateway
 from warmer.core.errors import GatewayError
 from warmer.core.model import BoxSpec, EngineKind
 
-pytestmark = pytest.mark.anyio
-
 ROUTER = "http://router.test:30000"
 BOX = BoxSpec(id="b1", base_url="http://10.0.0.5:8080/", engine=EngineKind.LLAMACPP, model="tiny")
 OTHER = BoxSpec(id="b2", base_url="http://10.0.0.6:8080", engine=EngineKind.LLAMACPP, model="tiny")
@@ -88,11 +86,6 @@ class LegacyRouter:
         return httpx.Response(404)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def _no_sleep(seconds: float) -> None:
     await asyncio.sleep(0)
 
@@ -113,118 +106,145 @@ def gateway(
     return gw, client
 
 
-async def test_workers_api_register_waits_until_listed_then_deregisters_by_id() -> None:
-    router = WorkersRouter(delay_polls=3)
-    gw, client = gateway(router)
-    async with client:
-        await gw.register(BOX)
-        assert gw.api_style == "workers"
-        assert await gw.registered() == {"http://10.0.0.5:8080"}
-        assert router.calls.count("POST /workers") == 1
-        await gw.register(BOX)  # already a worker: no second POST (the router would fail it)
-        assert router.calls.count("POST /workers") == 1
-        await gw.register(OTHER)
-        await gw.deregister(BOX)
-        assert await gw.registered() == {"http://10.0.0.6:8080"}
-        assert any(call.startswith("DELETE /workers/") for call in router.calls)
-        await gw.deregister(BOX)  # not a worker: no-op
-        assert sum(call.startswith("DELETE") for call in router.calls) == 1
-
-
-async def test_workers_api_without_ids_deletes_by_encoded_url() -> None:
-    router = WorkersRouter(ids=False)
-    gw, client = gateway(router, api_style="workers")
-    async with client:
-        await gw.register(BOX)
-        await gw.deregister(BOX)
-        assert await gw.registered() == set()
-
-
-async def test_unreachable_worker_never_listed_is_an_error() -> None:
-    router = WorkersRouter(reachable=False)
-    gw, client = gateway(router)
-    async with client:
-        with pytest.raises(GatewayError, match="did not appear") as caught:
+def test_workers_api_register_waits_until_listed_then_deregisters_by_id() -> None:
+    async def scenario() -> None:
+        router = WorkersRouter(delay_polls=3)
+        gw, client = gateway(router)
+        async with client:
             await gw.register(BOX)
-        assert caught.value.transient
+            assert gw.api_style == "workers"
+            assert await gw.registered() == {"http://10.0.0.5:8080"}
+            assert router.calls.count("POST /workers") == 1
+            await gw.register(BOX)  # already a worker: no second POST (the router would fail it)
+            assert router.calls.count("POST /workers") == 1
+            await gw.register(OTHER)
+            await gw.deregister(BOX)
+            assert await gw.registered() == {"http://10.0.0.6:8080"}
+            assert any(call.startswith("DELETE /workers/") for call in router.calls)
+            await gw.deregister(BOX)  # not a worker: no-op
+            assert sum(call.startswith("DELETE") for call in router.calls) == 1
+
+    asyncio.run(scenario())
 
 
-async def test_auto_falls_back_to_the_legacy_api() -> None:
-    router = LegacyRouter()
-    gw, client = gateway(router)
-    async with client:
-        await gw.register(BOX)
-        assert gw.api_style == "legacy"
-        assert router.urls == ["http://10.0.0.5:8080"]
-        assert await gw.registered() == {"http://10.0.0.5:8080"}
-        await gw.register(BOX)
-        assert router.calls.count("POST /add_worker") == 1
-        await gw.deregister(BOX)
-        assert router.urls == []
-        await gw.deregister(BOX)
-        assert router.calls.count("POST /remove_worker") == 1
+def test_workers_api_without_ids_deletes_by_encoded_url() -> None:
+    async def scenario() -> None:
+        router = WorkersRouter(ids=False)
+        gw, client = gateway(router, api_style="workers")
+        async with client:
+            await gw.register(BOX)
+            await gw.deregister(BOX)
+            assert await gw.registered() == set()
+
+    asyncio.run(scenario())
 
 
-async def test_explicit_legacy_style_never_asks_for_workers() -> None:
-    router = LegacyRouter()
-    gw, client = gateway(router, api_style="legacy")
-    async with client:
-        await gw.register(OTHER)
-        assert "GET /workers" not in router.calls
+def test_unreachable_worker_never_listed_is_an_error() -> None:
+    async def scenario() -> None:
+        router = WorkersRouter(reachable=False)
+        gw, client = gateway(router)
+        async with client:
+            with pytest.raises(GatewayError, match="did not appear") as caught:
+                await gw.register(BOX)
+            assert caught.value.transient
+
+    asyncio.run(scenario())
 
 
-async def test_router_errors_are_typed() -> None:
-    def broken(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(503, text="overloaded")
+def test_auto_falls_back_to_the_legacy_api() -> None:
+    async def scenario() -> None:
+        router = LegacyRouter()
+        gw, client = gateway(router)
+        async with client:
+            await gw.register(BOX)
+            assert gw.api_style == "legacy"
+            assert router.urls == ["http://10.0.0.5:8080"]
+            assert await gw.registered() == {"http://10.0.0.5:8080"}
+            await gw.register(BOX)
+            assert router.calls.count("POST /add_worker") == 1
+            await gw.deregister(BOX)
+            assert router.urls == []
+            await gw.deregister(BOX)
+            assert router.calls.count("POST /remove_worker") == 1
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(broken)) as client:
-        gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep)
-        with pytest.raises(GatewayError, match="HTTP 503") as caught:
-            await gw.registered()
-        assert caught.value.transient
+    asyncio.run(scenario())
 
-    def refuses(request: httpx.Request) -> httpx.Response:
-        if request.method == "GET":
+
+def test_explicit_legacy_style_never_asks_for_workers() -> None:
+    async def scenario() -> None:
+        router = LegacyRouter()
+        gw, client = gateway(router, api_style="legacy")
+        async with client:
+            await gw.register(OTHER)
+            assert "GET /workers" not in router.calls
+
+    asyncio.run(scenario())
+
+
+def test_router_errors_are_typed() -> None:
+    async def scenario() -> None:
+        def broken(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(503, text="overloaded")
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(broken)) as client:
+            gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep)
+            with pytest.raises(GatewayError, match="HTTP 503") as caught:
+                await gw.registered()
+            assert caught.value.transient
+
+        def refuses(request: httpx.Request) -> httpx.Response:
+            if request.method == "GET":
+                return httpx.Response(200, json={"workers": []})
+            return httpx.Response(401, text="unauthorized")
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(refuses)) as client:
+            gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep, api_key="k")
+            with pytest.raises(GatewayError, match="HTTP 401") as caught:
+                await gw.register(BOX)
+            assert not caught.value.transient
+
+    asyncio.run(scenario())
+
+
+def test_transport_failure_is_transient() -> None:
+    async def scenario() -> None:
+        def down(request: httpx.Request) -> httpx.Response:
+            raise httpx.ConnectError("connection refused", request=request)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(down)) as client:
+            gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep)
+            with pytest.raises(GatewayError, match="ConnectError") as caught:
+                await gw.register(BOX)
+            assert caught.value.transient
+
+    asyncio.run(scenario())
+
+
+def test_api_key_is_sent_as_bearer() -> None:
+    async def scenario() -> None:
+        seen: list[str | None] = []
+
+        def handle(request: httpx.Request) -> httpx.Response:
+            seen.append(request.headers.get("authorization"))
             return httpx.Response(200, json={"workers": []})
-        return httpx.Response(401, text="unauthorized")
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(refuses)) as client:
-        gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep, api_key="k")
-        with pytest.raises(GatewayError, match="HTTP 401") as caught:
-            await gw.register(BOX)
-        assert not caught.value.transient
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+            await SglangRouterGateway(client, ROUTER, api_key="admin-key").registered()
+        assert seen == ["Bearer admin-key"]
 
-
-async def test_transport_failure_is_transient() -> None:
-    def down(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("connection refused", request=request)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(down)) as client:
-        gw = SglangRouterGateway(client, ROUTER, sleep=_no_sleep)
-        with pytest.raises(GatewayError, match="ConnectError") as caught:
-            await gw.register(BOX)
-        assert caught.value.transient
+    asyncio.run(scenario())
 
 
-async def test_api_key_is_sent_as_bearer() -> None:
-    seen: list[str | None] = []
+def test_unexpected_listing_body_is_an_error() -> None:
+    async def scenario() -> None:
+        def handle(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, json={"workers": "nope"})
 
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request.headers.get("authorization"))
-        return httpx.Response(200, json={"workers": []})
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+            with pytest.raises(GatewayError, match="not a list"):
+                await SglangRouterGateway(client, ROUTER).registered()
 
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
-        await SglangRouterGateway(client, ROUTER, api_key="admin-key").registered()
-    assert seen == ["Bearer admin-key"]
-
-
-async def test_unexpected_listing_body_is_an_error() -> None:
-    def handle(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json={"workers": "nope"})
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
-        with pytest.raises(GatewayError, match="not a list"):
-            await SglangRouterGateway(client, ROUTER).registered()
+    asyncio.run(scenario())
 
 
 class GatewayWithConflict(WorkersRouter):
@@ -257,27 +277,34 @@ class GatewayWithConflict(WorkersRouter):
         return super().handle(request)
 
 
-async def test_409_already_exists_is_success() -> None:
+def test_409_already_exists_is_success() -> None:
     """The worker is there but the first listing lagged: the POST gets 409, which is success once listed."""
-    router = GatewayWithConflict(lagging_listings=1)
-    router.workers["w-1"] = "http://10.0.0.5:8080"
-    gw, client = gateway(router)
-    async with client:
-        await gw.register(BOX)
-        assert router.calls.count("POST /workers") == 1
-        assert await gw.registered() == {"http://10.0.0.5:8080"}
+
+    async def scenario() -> None:
+        router = GatewayWithConflict(lagging_listings=1)
+        router.workers["w-1"] = "http://10.0.0.5:8080"
+        gw, client = gateway(router)
+        async with client:
+            await gw.register(BOX)
+            assert router.calls.count("POST /workers") == 1
+            assert await gw.registered() == {"http://10.0.0.5:8080"}
+
+    asyncio.run(scenario())
 
 
-async def test_runtime_type_for_sglang_and_vllm_boxes_none_for_llamacpp() -> None:
-    router = GatewayWithConflict()
-    gw, client = gateway(router)
-    sglang = BoxSpec(id="s", base_url="http://10.0.0.7:30000", engine=EngineKind.SGLANG, model="m")
-    vllm = BoxSpec(id="v", base_url="http://10.0.0.8:8000", engine=EngineKind.VLLM, model="m")
-    async with client:
-        for box in (sglang, vllm, BOX):
-            await gw.register(box)
-    assert router.bodies == [
-        {"url": "http://10.0.0.7:30000", "runtime_type": "sglang"},
-        {"url": "http://10.0.0.8:8000", "runtime_type": "vllm"},
-        {"url": "http://10.0.0.5:8080"},
-    ]
+def test_runtime_type_for_sglang_and_vllm_boxes_none_for_llamacpp() -> None:
+    async def scenario() -> None:
+        router = GatewayWithConflict()
+        gw, client = gateway(router)
+        sglang = BoxSpec(id="s", base_url="http://10.0.0.7:30000", engine=EngineKind.SGLANG, model="m")
+        vllm = BoxSpec(id="v", base_url="http://10.0.0.8:8000", engine=EngineKind.VLLM, model="m")
+        async with client:
+            for box in (sglang, vllm, BOX):
+                await gw.register(box)
+        assert router.bodies == [
+            {"url": "http://10.0.0.7:30000", "runtime_type": "sglang"},
+            {"url": "http://10.0.0.8:8000", "runtime_type": "vllm"},
+            {"url": "http://10.0.0.5:8080"},
+        ]
+
+    asyncio.run(scenario())

@@ -6,19 +6,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-import pytest
 from structlog.testing import capture_logs
 
 from warmer.core.errors import GatewayError
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.service.gateway_sync import GatewaySync, SyncOutcome
-
-pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def box(n: int) -> BoxSpec:
@@ -133,107 +125,125 @@ def make_sync(
     )
 
 
-async def test_only_ready_boxes_become_workers_removals_first_foreign_untouched() -> None:
-    router = FakeRouter({B2.base_url, B3.base_url, FOREIGN})
-    observer = RecordingObserver()
-    sync = make_sync(router, FakeReadiness({"b1", "b2"}), observer=observer)
+def test_only_ready_boxes_become_workers_removals_first_foreign_untouched() -> None:
+    async def scenario() -> None:
+        router = FakeRouter({B2.base_url, B3.base_url, FOREIGN})
+        observer = RecordingObserver()
+        sync = make_sync(router, FakeReadiness({"b1", "b2"}), observer=observer)
 
-    report = await sync.sync_once()
+        report = await sync.sync_once()
 
-    assert report.outcome is SyncOutcome.OK
-    assert (report.registered, report.deregistered) == (("b1",), ("b3",))
-    assert report.foreign_workers == (FOREIGN,)
-    assert router.workers == {B1.base_url, B2.base_url, FOREIGN}
-    assert router.calls == [("deregister", "b3"), ("register", "b1")]  # out first, then in
-    assert observer.listed == [(2, 1)]
-    assert observer.changes == [("b3", "deregister", True), ("b1", "register", True)]
-    assert observer.passes == ["ok"]
+        assert report.outcome is SyncOutcome.OK
+        assert (report.registered, report.deregistered) == (("b1",), ("b3",))
+        assert report.foreign_workers == (FOREIGN,)
+        assert router.workers == {B1.base_url, B2.base_url, FOREIGN}
+        assert router.calls == [("deregister", "b3"), ("register", "b1")]  # out first, then in
+        assert observer.listed == [(2, 1)]
+        assert observer.changes == [("b3", "deregister", True), ("b1", "register", True)]
+        assert observer.passes == ["ok"]
 
-    # converged: the next pass changes nothing
-    router.calls.clear()
-    assert (await sync.sync_once()).outcome is SyncOutcome.OK
-    assert router.calls == []
+        # converged: the next pass changes nothing
+        router.calls.clear()
+        assert (await sync.sync_once()).outcome is SyncOutcome.OK
+        assert router.calls == []
 
-
-async def test_unknown_readiness_changes_nothing() -> None:
-    router = FakeRouter({B1.base_url, B2.base_url})
-    sync = make_sync(router, FakeReadiness(None))
-
-    report = await sync.sync_once()
-
-    assert report.outcome is SyncOutcome.READINESS_UNKNOWN
-    assert router.calls == []
-    assert router.workers == {B1.base_url, B2.base_url}
+    asyncio.run(scenario())
 
 
-async def test_nothing_ready_withdraws_every_fleet_box() -> None:
-    router = FakeRouter({B1.base_url, B2.base_url, FOREIGN})
-    sync = make_sync(router, FakeReadiness(set()))
+def test_unknown_readiness_changes_nothing() -> None:
+    async def scenario() -> None:
+        router = FakeRouter({B1.base_url, B2.base_url})
+        sync = make_sync(router, FakeReadiness(None))
 
-    report = await sync.sync_once()
+        report = await sync.sync_once()
 
-    assert sorted(report.deregistered) == ["b1", "b2"]
-    assert router.workers == {FOREIGN}
+        assert report.outcome is SyncOutcome.READINESS_UNKNOWN
+        assert router.calls == []
+        assert router.workers == {B1.base_url, B2.base_url}
 
-
-async def test_an_add_that_failed_but_landed_later_is_removed_when_the_box_is_not_ready() -> None:
-    router = FakeRouter()
-    router.failing, router.lands_anyway = {B1.base_url}, True
-    readiness = FakeReadiness({"b1"})
-    sync = make_sync(router, readiness, observer=(observer := RecordingObserver()))
-
-    report = await sync.sync_once()
-    assert report.outcome is SyncOutcome.PARTIAL
-    assert report.failed
-    assert report.failed[0].startswith("b1: GatewayError")
-    assert observer.changes == [("b1", "register", False)]
-
-    # the box lost readiness meanwhile; the router lists it anyway: the listing is the truth
-    router.failing = set()
-    readiness.change(set())
-    report = await sync.sync_once()
-    assert report.deregistered == ("b1",)
-    assert router.workers == set()
+    asyncio.run(scenario())
 
 
-async def test_gateway_outage_is_survived_logged_once_and_retried() -> None:
-    router = FakeRouter({B3.base_url})
-    router.down = True
-    observer = RecordingObserver()
-    sync = make_sync(router, FakeReadiness({"b1"}), observer=observer)
+def test_nothing_ready_withdraws_every_fleet_box() -> None:
+    async def scenario() -> None:
+        router = FakeRouter({B1.base_url, B2.base_url, FOREIGN})
+        sync = make_sync(router, FakeReadiness(set()))
 
-    with capture_logs() as logs:
-        first = await sync.sync_once()
-        second = await sync.sync_once()
-        router.down = False
-        third = await sync.sync_once()
+        report = await sync.sync_once()
 
-    assert (first.outcome, second.outcome) == (SyncOutcome.GATEWAY_UNAVAILABLE,) * 2
-    assert first.error is not None
-    assert "ConnectError" in first.error
-    assert third.outcome is SyncOutcome.OK
-    assert router.workers == {B1.base_url}
-    assert observer.passes == ["gateway_unavailable", "gateway_unavailable", "ok"]
-    events = [entry["event"] for entry in logs]
-    assert events.count("gateway unreachable: worker list unknown, retrying") == 1
-    assert "gateway reachable again" in events
+        assert sorted(report.deregistered) == ["b1", "b2"]
+        assert router.workers == {FOREIGN}
+
+    asyncio.run(scenario())
 
 
-async def test_a_box_that_left_the_fleet_is_still_withdrawn() -> None:
-    router = FakeRouter({B1.base_url, B2.base_url})
-    fleet = [B1, B2]
-    readiness = FakeReadiness({"b1", "b2"})
-    sync = GatewaySync(
-        gateway=router, fleet=lambda: fleet, readiness=readiness, clock=GatedClock(), interval_seconds=1
-    )
-    await sync.sync_once()
-    fleet.remove(B2)  # box.removed event: the reconciler no longer knows b2, so it is not ready
-    readiness.change({"b1"})
+def test_an_add_that_failed_but_landed_later_is_removed_when_the_box_is_not_ready() -> None:
+    async def scenario() -> None:
+        router = FakeRouter()
+        router.failing, router.lands_anyway = {B1.base_url}, True
+        readiness = FakeReadiness({"b1"})
+        sync = make_sync(router, readiness, observer=(observer := RecordingObserver()))
 
-    report = await sync.sync_once()
+        report = await sync.sync_once()
+        assert report.outcome is SyncOutcome.PARTIAL
+        assert report.failed
+        assert report.failed[0].startswith("b1: GatewayError")
+        assert observer.changes == [("b1", "register", False)]
 
-    assert report.deregistered == ("b2",)
-    assert router.workers == {B1.base_url}
+        # the box lost readiness meanwhile; the router lists it anyway: the listing is the truth
+        router.failing = set()
+        readiness.change(set())
+        report = await sync.sync_once()
+        assert report.deregistered == ("b1",)
+        assert router.workers == set()
+
+    asyncio.run(scenario())
+
+
+def test_gateway_outage_is_survived_logged_once_and_retried() -> None:
+    async def scenario() -> None:
+        router = FakeRouter({B3.base_url})
+        router.down = True
+        observer = RecordingObserver()
+        sync = make_sync(router, FakeReadiness({"b1"}), observer=observer)
+
+        with capture_logs() as logs:
+            first = await sync.sync_once()
+            second = await sync.sync_once()
+            router.down = False
+            third = await sync.sync_once()
+
+        assert (first.outcome, second.outcome) == (SyncOutcome.GATEWAY_UNAVAILABLE,) * 2
+        assert first.error is not None
+        assert "ConnectError" in first.error
+        assert third.outcome is SyncOutcome.OK
+        assert router.workers == {B1.base_url}
+        assert observer.passes == ["gateway_unavailable", "gateway_unavailable", "ok"]
+        events = [entry["event"] for entry in logs]
+        assert events.count("gateway unreachable: worker list unknown, retrying") == 1
+        assert "gateway reachable again" in events
+
+    asyncio.run(scenario())
+
+
+def test_a_box_that_left_the_fleet_is_still_withdrawn() -> None:
+    async def scenario() -> None:
+        router = FakeRouter({B1.base_url, B2.base_url})
+        fleet = [B1, B2]
+        readiness = FakeReadiness({"b1", "b2"})
+        sync = GatewaySync(
+            gateway=router, fleet=lambda: fleet, readiness=readiness, clock=GatedClock(), interval_seconds=1
+        )
+        await sync.sync_once()
+        fleet.remove(B2)  # box.removed event: the reconciler no longer knows b2, so it is not ready
+        readiness.change({"b1"})
+
+        report = await sync.sync_once()
+
+        assert report.deregistered == ("b2",)
+        assert router.workers == {B1.base_url}
+
+    asyncio.run(scenario())
 
 
 async def wait_for(predicate: object, what: str) -> None:
@@ -244,54 +254,60 @@ async def wait_for(predicate: object, what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-async def test_run_passes_on_readiness_change_and_on_the_interval_until_stopped() -> None:
-    router = FakeRouter()
-    readiness = FakeReadiness(set())
-    clock = GatedClock()
-    sync = make_sync(router, readiness, clock=clock)
-    stopping = asyncio.Event()
-    running = asyncio.create_task(sync.run(stopping))
+def test_run_passes_on_readiness_change_and_on_the_interval_until_stopped() -> None:
+    async def scenario() -> None:
+        router = FakeRouter()
+        readiness = FakeReadiness(set())
+        clock = GatedClock()
+        sync = make_sync(router, readiness, clock=clock)
+        stopping = asyncio.Event()
+        running = asyncio.create_task(sync.run(stopping))
 
-    await wait_for(lambda: sync.passes == 1 and clock.sleeping == 1, "first pass")
+        await wait_for(lambda: sync.passes == 1 and clock.sleeping == 1, "first pass")
 
-    # the reconciler ran a pass but readiness did not change: no router traffic
-    readiness.change(set())
-    for _ in range(50):
-        await asyncio.sleep(0)
-    assert sync.passes == 1
+        # the reconciler ran a pass but readiness did not change: no router traffic
+        readiness.change(set())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert sync.passes == 1
 
-    # readiness changed: a pass at once, without waiting for the interval
-    readiness.change({"b2"})
-    await wait_for(lambda: sync.passes == 2, "pass on change")
-    assert router.workers == {B2.base_url}
+        # readiness changed: a pass at once, without waiting for the interval
+        readiness.change({"b2"})
+        await wait_for(lambda: sync.passes == 2, "pass on change")
+        assert router.workers == {B2.base_url}
 
-    # a worker added behind our back is corrected by the interval pass
-    router.workers.add(B3.base_url)
-    await wait_for(lambda: clock.sleeping == 2, "waiting on the interval")
-    clock.gate.set()
-    await wait_for(lambda: sync.passes == 3, "interval pass")
-    assert router.workers == {B2.base_url}
+        # a worker added behind our back is corrected by the interval pass
+        router.workers.add(B3.base_url)
+        await wait_for(lambda: clock.sleeping == 2, "waiting on the interval")
+        clock.gate.set()
+        await wait_for(lambda: sync.passes == 3, "interval pass")
+        assert router.workers == {B2.base_url}
 
-    stopping.set()
-    await asyncio.wait_for(running, timeout=5)
-    assert running.result() is None
+        stopping.set()
+        await asyncio.wait_for(running, timeout=5)
+        assert running.result() is None
+
+    asyncio.run(scenario())
 
 
-async def test_run_survives_an_outage() -> None:
-    router = FakeRouter()
-    router.down = True
-    readiness = FakeReadiness({"b1"})
-    clock = GatedClock()
-    sync = make_sync(router, readiness, clock=clock)
-    stopping = asyncio.Event()
-    running = asyncio.create_task(sync.run(stopping))
+def test_run_survives_an_outage() -> None:
+    async def scenario() -> None:
+        router = FakeRouter()
+        router.down = True
+        readiness = FakeReadiness({"b1"})
+        clock = GatedClock()
+        sync = make_sync(router, readiness, clock=clock)
+        stopping = asyncio.Event()
+        running = asyncio.create_task(sync.run(stopping))
 
-    await wait_for(lambda: sync.passes == 1 and clock.sleeping == 1, "failed pass")
-    assert not running.done()
-    router.down = False
-    clock.gate.set()
-    await wait_for(lambda: sync.passes == 2, "retry pass")
-    assert router.workers == {B1.base_url}
+        await wait_for(lambda: sync.passes == 1 and clock.sleeping == 1, "failed pass")
+        assert not running.done()
+        router.down = False
+        clock.gate.set()
+        await wait_for(lambda: sync.passes == 2, "retry pass")
+        assert router.workers == {B1.base_url}
 
-    stopping.set()
-    await asyncio.wait_for(running, timeout=5)
+        stopping.set()
+        await asyncio.wait_for(running, timeout=5)
+
+    asyncio.run(scenario())

@@ -18,15 +18,8 @@ from warmer.service.hitrate_monitor import (
     HitRateMonitor,
 )
 
-pytestmark = pytest.mark.anyio
-
 A = BoxSpec(id="a", base_url="http://a:1", engine=EngineKind.VLLM, model="m")
 B = BoxSpec(id="b", base_url="http://b:1", engine=EngineKind.VLLM, model="m")
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 class CountingEngine:
@@ -106,153 +99,174 @@ def make(engine: CountingEngine, recorder: Recorder, *, boxes: list[BoxSpec] | N
     )
 
 
-async def test_alert_once_per_crossing_with_a_log_event_and_suspect_feed() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    monitor = make(engine, recorder)
-    first = await monitor.scrape_once()
-    assert first["a"].status is HitRateStatus.NO_DATA  # a baseline only
+def test_alert_once_per_crossing_with_a_log_event_and_suspect_feed() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        monitor = make(engine, recorder)
+        first = await monitor.scrape_once()
+        assert first["a"].status is HitRateStatus.NO_DATA  # a baseline only
 
-    with capture_logs() as logs:
-        engine.serve("a", 10000, 9500)  # 95%: healthy
-        engine.serve("b", 10000, 9900)
-        ok = await monitor.scrape_once()
-        engine.serve("a", 10000, 6000)  # 60%: evicted
-        below = await monitor.scrape_once()
-        engine.serve("a", 20000, 10000)  # still bad: no second event
-        still = await monitor.scrape_once()
-        engine.serve("a", 10000, 9800)
-        recovered = await monitor.scrape_once()
+        with capture_logs() as logs:
+            engine.serve("a", 10000, 9500)  # 95%: healthy
+            engine.serve("b", 10000, 9900)
+            ok = await monitor.scrape_once()
+            engine.serve("a", 10000, 6000)  # 60%: evicted
+            below = await monitor.scrape_once()
+            engine.serve("a", 20000, 10000)  # still bad: no second event
+            still = await monitor.scrape_once()
+            engine.serve("a", 10000, 9800)
+            recovered = await monitor.scrape_once()
 
-    assert ok["a"].status is HitRateStatus.OK
-    assert ok["a"].hit_rate == pytest.approx(0.95)
-    assert below["a"].status is HitRateStatus.BELOW_THRESHOLD
-    assert below["a"].hit_rate == pytest.approx(0.6)
-    assert below["a"].alerting
-    assert still["a"].hit_rate == pytest.approx(0.5)
-    assert not recovered["a"].alerting
-    assert not below["b"].alerting
+        assert ok["a"].status is HitRateStatus.OK
+        assert ok["a"].hit_rate == pytest.approx(0.95)
+        assert below["a"].status is HitRateStatus.BELOW_THRESHOLD
+        assert below["a"].hit_rate == pytest.approx(0.6)
+        assert below["a"].alerting
+        assert still["a"].hit_rate == pytest.approx(0.5)
+        assert not recovered["a"].alerting
+        assert not below["b"].alerting
 
-    a_ratios = [ratio for box, ratio in recorder.ratios if box == "a"]
-    assert a_ratios == pytest.approx([0.95, 0.6, 0.5, 0.98])
-    assert recorder.alerts == [("a", True), ("a", False)]
-    assert recorder.suspects == [("a", True), ("a", False)]
-    events = [(entry["event"], entry.get("box")) for entry in logs]
-    assert events.count((EVENT_BELOW, "a")) == 1
-    assert events.count((EVENT_RECOVERED, "a")) == 1
-    below_event = next(entry for entry in logs if entry["event"] == EVENT_BELOW)
-    assert below_event["hit_rate"] == pytest.approx(0.6)
-    assert below_event["threshold"] == 0.9
-    assert below_event["log_level"] == "warning"
+        a_ratios = [ratio for box, ratio in recorder.ratios if box == "a"]
+        assert a_ratios == pytest.approx([0.95, 0.6, 0.5, 0.98])
+        assert recorder.alerts == [("a", True), ("a", False)]
+        assert recorder.suspects == [("a", True), ("a", False)]
+        events = [(entry["event"], entry.get("box")) for entry in logs]
+        assert events.count((EVENT_BELOW, "a")) == 1
+        assert events.count((EVENT_RECOVERED, "a")) == 1
+        below_event = next(entry for entry in logs if entry["event"] == EVENT_BELOW)
+        assert below_event["hit_rate"] == pytest.approx(0.6)
+        assert below_event["threshold"] == 0.9
+        assert below_event["log_level"] == "warning"
 
-
-async def test_an_idle_box_never_alerts() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    monitor = make(engine, recorder)
-    await monitor.scrape_once()
-    engine.serve("a", 300, 0)  # a few health checks / cold probes: 0% but only 300 tokens
-    result = await monitor.scrape_once()
-    assert result["a"].status is HitRateStatus.NO_DATA
-    assert result["a"].hit_rate == 0.0
-    assert recorder.alerts == []
-    assert recorder.ratios == []
+    asyncio.run(scenario())
 
 
-async def test_an_idle_window_clears_an_alert() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    monitor = make(engine, recorder)
-    await monitor.scrape_once()
-    engine.serve("a", 10000, 1000)
-    await monitor.scrape_once()
-    assert monitor.alerting() == {"a"}
-    with capture_logs() as logs:
-        engine.serve("a", 300, 0)  # the calls stopped: a few probes, too little to judge
-        assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
-    assert monitor.alerting() == set()
-    assert recorder.alerts == [("a", True), ("a", False)]
-    assert ("a", False) in recorder.suspects
-    assert [e["reason"] for e in logs if e["event"] == EVENT_RECOVERED] == [
-        "idle: too little traffic to judge"
-    ]
-
-
-async def test_a_restart_clears_an_alert_without_judging_warmup() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    monitor = make(engine, recorder)
-    engine.serve("a", 50000, 45000)
-    await monitor.scrape_once()
-    engine.serve("a", 10000, 1000)
-    await monitor.scrape_once()
-    assert monitor.alerting() == {"a"}
-
-    engine.restart("a")
-    engine.serve("a", 8000, 100)  # the restart warm-up: cold by design, must not alert
-    result = await monitor.scrape_once()
-    assert result["a"].counters_reset
-    assert result["a"].status is HitRateStatus.NO_DATA
-    assert monitor.alerting() == set()
-    assert recorder.alerts == [("a", True), ("a", False)]
-
-    engine.serve("a", 10000, 9500)  # judged from the new baseline
-    assert (await monitor.scrape_once())["a"].hit_rate == pytest.approx(0.95)
-
-
-async def test_scrape_failures_are_survived_logged_once_and_keep_the_baseline() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    monitor = make(engine, recorder, boxes=[A])
-    await monitor.scrape_once()
-    engine.fail["a"] = EngineUnavailable("a", "connection refused")
-    with capture_logs() as logs:
-        engine.serve("a", 5000, 1000)
-        failed = await monitor.scrape_once()
+def test_an_idle_box_never_alerts() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        monitor = make(engine, recorder)
         await monitor.scrape_once()
-    assert failed["a"].error is not None
-    assert [entry["event"] for entry in logs].count("cache counter scrape failed") == 1
-    del engine.fail["a"]
-    engine.serve("a", 5000, 4000)
-    window = (await monitor.scrape_once())["a"]
-    assert window.queried_tokens == 10000  # both chunks: the baseline survived the failures
-    assert window.hit_rate == pytest.approx(0.5)
-    assert recorder.scrapes == [("a", "ok"), ("a", "failed"), ("a", "failed"), ("a", "ok")]
+        engine.serve("a", 300, 0)  # a few health checks / cold probes: 0% but only 300 tokens
+        result = await monitor.scrape_once()
+        assert result["a"].status is HitRateStatus.NO_DATA
+        assert result["a"].hit_rate == 0.0
+        assert recorder.alerts == []
+        assert recorder.ratios == []
 
-    engine.fail["a"] = NotSupported("a", "llama-server /metrics is off")
-    assert (await monitor.scrape_once())["a"].error is not None
-    assert recorder.scrapes[-1] == ("a", "unsupported")
+    asyncio.run(scenario())
 
 
-async def test_a_box_leaving_the_fleet_drops_its_alert() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    fleet = [A, B]
-    monitor = make(engine, recorder, boxes=fleet)
-    await monitor.scrape_once()
-    engine.serve("b", 10000, 0)
-    await monitor.scrape_once()
-    assert monitor.alerting() == {"b"}
-    fleet.remove(B)
-    assert set(await monitor.scrape_once()) == {"a"}
-    assert monitor.alerting() == set()
-    assert recorder.alerts[-1] == ("b", False)
+def test_an_idle_window_clears_an_alert() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        monitor = make(engine, recorder)
+        await monitor.scrape_once()
+        engine.serve("a", 10000, 1000)
+        await monitor.scrape_once()
+        assert monitor.alerting() == {"a"}
+        with capture_logs() as logs:
+            engine.serve("a", 300, 0)  # the calls stopped: a few probes, too little to judge
+            assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+        assert monitor.alerting() == set()
+        assert recorder.alerts == [("a", True), ("a", False)]
+        assert ("a", False) in recorder.suspects
+        assert [e["reason"] for e in logs if e["event"] == EVENT_RECOVERED] == [
+            "idle: too little traffic to judge"
+        ]
+
+    asyncio.run(scenario())
 
 
-async def test_run_scrapes_every_poll_until_stopped() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    clock = FakeClock()
-    monitor = HitRateMonitor(
-        engine=engine,  # type: ignore[arg-type]
-        fleet=lambda: [A],
-        clock=clock,
-        config=HitRateConfig(poll_seconds=60),
-        observer=recorder,
-    )
-    stopping = asyncio.Event()
-    running = asyncio.create_task(monitor.run(stopping))
-    for _ in range(200):
-        if len(recorder.scrapes) >= 3:
-            break
-        await asyncio.sleep(0)
-    stopping.set()
-    await asyncio.wait_for(running, timeout=5)
-    assert len(recorder.scrapes) >= 3
-    assert clock.t >= 120  # the polls were spaced by the fake clock, not real time
+def test_a_restart_clears_an_alert_without_judging_warmup() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        monitor = make(engine, recorder)
+        engine.serve("a", 50000, 45000)
+        await monitor.scrape_once()
+        engine.serve("a", 10000, 1000)
+        await monitor.scrape_once()
+        assert monitor.alerting() == {"a"}
+
+        engine.restart("a")
+        engine.serve("a", 8000, 100)  # the restart warm-up: cold by design, must not alert
+        result = await monitor.scrape_once()
+        assert result["a"].counters_reset
+        assert result["a"].status is HitRateStatus.NO_DATA
+        assert monitor.alerting() == set()
+        assert recorder.alerts == [("a", True), ("a", False)]
+
+        engine.serve("a", 10000, 9500)  # judged from the new baseline
+        assert (await monitor.scrape_once())["a"].hit_rate == pytest.approx(0.95)
+
+    asyncio.run(scenario())
+
+
+def test_scrape_failures_are_survived_logged_once_and_keep_the_baseline() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        monitor = make(engine, recorder, boxes=[A])
+        await monitor.scrape_once()
+        engine.fail["a"] = EngineUnavailable("a", "connection refused")
+        with capture_logs() as logs:
+            engine.serve("a", 5000, 1000)
+            failed = await monitor.scrape_once()
+            await monitor.scrape_once()
+        assert failed["a"].error is not None
+        assert [entry["event"] for entry in logs].count("cache counter scrape failed") == 1
+        del engine.fail["a"]
+        engine.serve("a", 5000, 4000)
+        window = (await monitor.scrape_once())["a"]
+        assert window.queried_tokens == 10000  # both chunks: the baseline survived the failures
+        assert window.hit_rate == pytest.approx(0.5)
+        assert recorder.scrapes == [("a", "ok"), ("a", "failed"), ("a", "failed"), ("a", "ok")]
+
+        engine.fail["a"] = NotSupported("a", "llama-server /metrics is off")
+        assert (await monitor.scrape_once())["a"].error is not None
+        assert recorder.scrapes[-1] == ("a", "unsupported")
+
+    asyncio.run(scenario())
+
+
+def test_a_box_leaving_the_fleet_drops_its_alert() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        fleet = [A, B]
+        monitor = make(engine, recorder, boxes=fleet)
+        await monitor.scrape_once()
+        engine.serve("b", 10000, 0)
+        await monitor.scrape_once()
+        assert monitor.alerting() == {"b"}
+        fleet.remove(B)
+        assert set(await monitor.scrape_once()) == {"a"}
+        assert monitor.alerting() == set()
+        assert recorder.alerts[-1] == ("b", False)
+
+    asyncio.run(scenario())
+
+
+def test_run_scrapes_every_poll_until_stopped() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        clock = FakeClock()
+        monitor = HitRateMonitor(
+            engine=engine,  # type: ignore[arg-type]
+            fleet=lambda: [A],
+            clock=clock,
+            config=HitRateConfig(poll_seconds=60),
+            observer=recorder,
+        )
+        stopping = asyncio.Event()
+        running = asyncio.create_task(monitor.run(stopping))
+        for _ in range(200):
+            if len(recorder.scrapes) >= 3:
+                break
+            await asyncio.sleep(0)
+        stopping.set()
+        await asyncio.wait_for(running, timeout=5)
+        assert len(recorder.scrapes) >= 3
+        assert clock.t >= 120  # the polls were spaced by the fake clock, not real time
+
+    asyncio.run(scenario())
 
 
 def test_config_rejects_nonsense() -> None:
@@ -262,40 +276,47 @@ def test_config_rejects_nonsense() -> None:
         HitRateConfig(poll_seconds=0)
 
 
-async def test_every_window_of_one_process_reports_its_tokens_even_when_too_small_to_judge() -> None:
-    engine, recorder = CountingEngine(), Recorder()
-    monitor = make(engine, recorder, boxes=[A])
-    await monitor.scrape_once()  # baseline: no window yet
-    engine.serve("a", 200, 150)  # under min_tokens_per_window: not judged, still counted
-    await monitor.scrape_once()
-    engine.restart("a")  # counters went down: a new baseline, no window
-    await monitor.scrape_once()
-    engine.serve("a", 5000, 4000)
-    await monitor.scrape_once()
-    assert recorder.windows == [("a", 200, 150), ("a", 5000, 4000)]
+def test_every_window_of_one_process_reports_its_tokens_even_when_too_small_to_judge() -> None:
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        monitor = make(engine, recorder, boxes=[A])
+        await monitor.scrape_once()  # baseline: no window yet
+        engine.serve("a", 200, 150)  # under min_tokens_per_window: not judged, still counted
+        await monitor.scrape_once()
+        engine.restart("a")  # counters went down: a new baseline, no window
+        await monitor.scrape_once()
+        engine.serve("a", 5000, 4000)
+        await monitor.scrape_once()
+        assert recorder.windows == [("a", 200, 150), ("a", 5000, 4000)]
+
+    asyncio.run(scenario())
 
 
-async def test_windows_while_warmer_warms_the_box_are_not_judged() -> None:
+def test_windows_while_warmer_warms_the_box_are_not_judged() -> None:
     """A restart warm-up or a first prefix warm is cold by design: only windows with the box ready for
     traffic at both ends say something about the calls."""
-    engine, recorder = CountingEngine(), Recorder()
-    ready: set[str] = set()
-    monitor = HitRateMonitor(
-        engine=engine,  # type: ignore[arg-type]  # only cache_stats is used
-        fleet=lambda: [A],
-        clock=FakeClock(),
-        config=HitRateConfig(poll_seconds=60, threshold=0.9, min_tokens_per_window=1000),
-        observer=recorder,
-        ready_boxes=lambda: ready,
-    )
-    await monitor.scrape_once()
-    engine.serve("a", 20000, 500)  # warm-up: long prefill, bursts, first warms
-    assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
-    ready.add("a")
-    engine.serve("a", 5000, 0)  # became ready during this window: still warmer's traffic in it
-    assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
-    assert recorder.alerts == []
-    engine.serve("a", 10000, 6000)  # ready at both ends: the calls' own hit rate, judged
-    assert (await monitor.scrape_once())["a"].status is HitRateStatus.BELOW_THRESHOLD
-    assert recorder.alerts == [("a", True)]
-    assert [w[1] for w in recorder.windows] == [20000, 5000, 10000]  # counted all along
+
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        ready: set[str] = set()
+        monitor = HitRateMonitor(
+            engine=engine,  # type: ignore[arg-type]  # only cache_stats is used
+            fleet=lambda: [A],
+            clock=FakeClock(),
+            config=HitRateConfig(poll_seconds=60, threshold=0.9, min_tokens_per_window=1000),
+            observer=recorder,
+            ready_boxes=lambda: ready,
+        )
+        await monitor.scrape_once()
+        engine.serve("a", 20000, 500)  # warm-up: long prefill, bursts, first warms
+        assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+        ready.add("a")
+        engine.serve("a", 5000, 0)  # became ready during this window: still warmer's traffic in it
+        assert (await monitor.scrape_once())["a"].status is HitRateStatus.NO_DATA
+        assert recorder.alerts == []
+        engine.serve("a", 10000, 6000)  # ready at both ends: the calls' own hit rate, judged
+        assert (await monitor.scrape_once())["a"].status is HitRateStatus.BELOW_THRESHOLD
+        assert recorder.alerts == [("a", True)]
+        assert [w[1] for w in recorder.windows] == [20000, 5000, 10000]  # counted all along
+
+    asyncio.run(scenario())

@@ -269,9 +269,13 @@ def test_the_daemon_applies_the_configured_body_limit(tmp_path: Path) -> None:
     daemon = build(settings)
 
     async def scenario() -> httpx.Response:
-        transport = httpx.ASGITransport(app=daemon.api)
-        async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
-            return await client.put("/v1/campaigns/c", content=b"[" + b"1," * 1000 + b"1]")
+        await daemon.open()  # the API is built over the open store
+        try:
+            transport = httpx.ASGITransport(app=daemon.api)
+            async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+                return await client.put("/v1/campaigns/c", content=b"[" + b"1," * 1000 + b"1]")
+        finally:
+            await daemon.close()
 
     assert asyncio.run(scenario()).status_code == 413
 

@@ -23,19 +23,12 @@ from tests.unit.prompt_helpers import (
 )
 from tests.unit.test_prefix import TOOLS_AFTER_SYSTEM
 from warmer.cli import main
-from warmer.cli.prompts import PROMPT_TOOLS_KEY, lint_command, render_command
+from warmer.cli.lint import lint_command
+from warmer.cli.prompts import PROMPT_TOOLS_KEY, render_command
 from warmer.config.agents import load_agent_specs
 from warmer.core.agents import AgentSpec, FewShotMessage
 from warmer.core.chat_template import ChatTemplate
-from warmer.core.lint import (
-    Finding,
-    SpecPlace,
-    TokenCountObservation,
-    detect_tokenizer_drift,
-    lint_agent,
-    looks_per_call,
-    scan_static_text,
-)
+from warmer.core.lint import Finding, SpecPlace, lint_agent, looks_per_call, scan_static_text
 from warmer.core.lint_report import (
     FileLine,
     LocatedFinding,
@@ -46,6 +39,7 @@ from warmer.core.lint_report import (
 )
 from warmer.core.model import ModelProfile, prefix_hash
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
+from warmer.core.tokenizer_drift import TokenCountObservation, detect_tokenizer_drift
 
 REQUIRED_JSON_KEYS = (
     "agent",

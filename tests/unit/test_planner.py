@@ -3,33 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 
 from warmer.core.model import BoxSpec, Campaign, EngineKind, ModelProfile, WarmRecord, WarmState
-from warmer.core.planner import (
+from warmer.core.plan_actions import (
     AbandonWarm,
-    BoxObservation,
-    Desired,
     MarkStale,
-    Observed,
-    PlannerConfig,
-    PrefixRef,
     ProbePrefix,
     ProbeReason,
     Retire,
     RunRestartWarmup,
-    TokenBucket,
-    WarmBudget,
     WarmPrefix,
     WarmReason,
+)
+from warmer.core.planner import (
+    BoxObservation,
+    Desired,
+    Observed,
+    PlannerConfig,
+    PrefixRef,
     WarmupStatus,
-    agent_warmth,
-    box_ready,
+    index_plan,
     keepalive_due_at,
     plan,
-    routes,
+    plan_boxes,
 )
+from warmer.core.readiness import agent_warmth, box_ready, routes
+from warmer.core.warm_budget import TokenBucket, WarmBudget
 
 PLAIN = ModelProfile(name="plain", engine=EngineKind.LLAMACPP, keepalive_seconds=240.0)
 HYBRID = ModelProfile(name="hybrid", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=3)
@@ -398,3 +400,45 @@ def test_agent_warmth_covers_every_wanted_pair_and_only_the_current_epoch() -> N
         ("b2", "b"): True,
         ("b3", "b"): False,  # routed to, but the box is down
     }
+
+
+def test_one_agents_boxes_are_planned_alone_as_the_full_plan_plans_them() -> None:
+    """A pre-call ask for one agent re-plans its boxes from the kept per-box index, with exactly the
+    actions a full plan gives those boxes (shared boxes include the other agents' work)."""
+    assignment = {"a": ("b1", "b2"), "b": ("b2", "b3"), "c": ("b3",)}
+    before = desired(assignment, last_activity={"b": 0.0, "c": 0.0})  # a idle
+    seen = Observed(
+        boxes={b: up() for b in ("b1", "b2", "b3")},
+        warm=records(warm("b2", "b", 0.0), warm("b3", "c", 0.0)),
+        in_flight=frozenset({("b3", "p-b")}),
+    )
+    cfg = config(retire_idle_after_seconds=600.0)
+    index = index_plan(before, seen, 100.0, cfg)
+    assert plan_boxes(before, seen, 100.0, cfg, ["b2"], index).actions == tuple(
+        a for a in plan(before, seen, 100.0, cfg).actions if a.box_id == "b2"
+    )
+    asked = replace(before, precall=frozenset({"a"}), assignment={**assignment, "a": ("b1", "b3")})
+    again = index.refresh_agents(asked, 100.0, cfg, ["a"])
+    assert again == {"b1", "b2", "b3"}  # its old boxes and its new ones
+    alone = plan_boxes(asked, seen, 100.0, cfg, again, index)
+    full = plan(asked, seen, 100.0, cfg)
+    assert alone.actions == full.actions
+    assert [w.reason for w in warms(alone.actions) if w.prefix_hash == "p-a"] == [WarmReason.PRECALL] * 2
+    seen_later = replace(seen, warm={**seen.warm, **records(warm("b1", "a", 100.0))})
+    index.set_box("b1", [seen_later.warm[("b1", "e1", "p-a")]], ())
+    assert plan_boxes(asked, seen_later, 100.0, cfg, ["b1"], index).actions == tuple(
+        a for a in plan(asked, seen_later, 100.0, cfg).actions if a.box_id == "b1"
+    )
+
+
+def test_a_keepalive_is_due_exactly_at_its_jittered_time() -> None:
+    """Records far from due skip the jitter hash; at the boundary the plan still follows the exact due."""
+    record = warm("b1", "a", 0.0)
+    cfg = config(keepalive_jitter=0.5)
+    due = keepalive_due_at(record, PLAIN, cfg)
+    assert due is not None
+    seen = Observed(boxes={"b1": up()}, warm=records(record))
+    want = desired({"a": ("b1",)})
+    assert plan(want, seen, 120.0 - 1e-9, cfg).actions == ()  # before even the shortest interval
+    assert plan(want, seen, due - 1e-6, cfg).actions == ()
+    assert MarkStale("b1", "e1", "p-a") in plan(want, seen, due, cfg).actions

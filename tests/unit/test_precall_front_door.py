@@ -20,9 +20,9 @@ from tests.unit.reconciler_fakes import FakeClock
 from tests.unit.test_prewarm import TOKEN, Answer, FakeBackend
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.api import prewarm as prewarm_api
-from warmer.config.settings import ApiSettings
+from warmer.config.server_settings import ApiSettings
 from warmer.core.model import WarmState
-from warmer.core.planner import Route
+from warmer.core.readiness import Route
 from warmer.root.server import api_server, run_daemon_loop
 from warmer.service.prewarm import PrewarmService
 

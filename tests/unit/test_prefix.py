@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.prompt_helpers import byte_tokenize, chatml, spec, tool, word_tokenize
-from warmer.core.agents import Placeholder, build_request, sample_values
+from warmer.core.agent_requests import build_request, sample_values
+from warmer.core.agents import Placeholder
 from warmer.core.chat_template import ChatTemplate, ChatTemplateError
 from warmer.core.errors import ConfigError
 from warmer.core.lint import lint_agent, shared_prefixes

@@ -20,7 +20,9 @@ from tests.unit.reconciler_fakes import FakeClock, routed_boxes, settle, world
 from tests.unit.reconciler_fakes import boxes as box_specs
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.model import BoxSpec, WarmState
-from warmer.core.planner import PlannerConfig, Route, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.readiness import Route
+from warmer.core.warm_budget import WarmBudget
 from warmer.service.prewarm import (
     CallVolumeMeter,
     PrewarmAnswer,
@@ -260,10 +262,7 @@ def test_a_burst_of_1000_asks_for_a_cold_agent_sends_exactly_one_warm_per_box(st
 
     async def scenario() -> None:
         w = world(store_url, box_ids=("b1", "b2", "b3"), planner=planner)
-        agents = {"sales"}
-        service = PrewarmService(
-            ReconcilerBackend(lambda: w.reconciler, lambda: agents), w.clock, max_wait_seconds=10.0
-        )
+        service = PrewarmService(ReconcilerBackend(w.reconciler), w.clock, max_wait_seconds=10.0)
         await settle(w.reconciler)  # restart warm-ups done; the new agent warmed once
         w.clock.t += 120.0
         await settle(w.reconciler)  # idle: released
@@ -294,7 +293,7 @@ def test_a_burst_of_1000_asks_for_a_cold_agent_sends_exactly_one_warm_per_box(st
             for _ in range(3):
                 w.reconciler.poke()
                 await asyncio.wait_for(w.reconciler.wait_changed(), 30)
-            await w.reconciler.drain()
+            await w.reconciler.wait_idle()
         stopping.set()
         await loop
 

@@ -11,9 +11,10 @@ import pytest
 from warmer.config.settings import Settings, load_settings
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile
-from warmer.core.planner import Desired, PlannerConfig, PrefixRef, WarmReason, active_agents
+from warmer.core.plan_actions import WarmReason
+from warmer.core.planner import Desired, PlannerConfig, PrefixRef, active_agents
 from warmer.root.reconcile import reconciler_config
-from warmer.service.reconcile_types import ReconcilerConfig
+from warmer.service.reconciler import ReconcilerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

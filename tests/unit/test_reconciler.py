@@ -34,10 +34,11 @@ from warmer.adapters.store import SqlStore
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
+from warmer.core.warm_budget import WarmBudget
 from warmer.root.metrics import ReconcileMetrics
-from warmer.service.reconcile_types import UnknownAgent
-from warmer.service.restart import RestartWarmup, burst_levels
+from warmer.service.reconciler import UnknownAgent
+from warmer.service.restart_warmup import RestartWarmup, burst_levels
 from warmer.service.status import StatusService
 
 T = TypeVar("T")
@@ -236,7 +237,7 @@ def test_a_suspect_box_is_probed_and_an_evicted_prefix_leaves_the_route_until_re
 
     async def step(w: World) -> None:
         await w.reconciler.tick()
-        await w.reconciler.drain()
+        await w.reconciler.wait_idle()
 
     async def b1_history(w: World) -> list[tuple[object, object, str]]:
         events = await w.store.events(box_id="b1", limit=500)
@@ -419,10 +420,10 @@ class BlinkingStore(SqlStore):
 
 def test_a_database_blip_fails_one_tick_and_the_loop_carries_on(store_url: str) -> None:
     async def scenario() -> None:
-        w = world(store_url)
-        blinking = BlinkingStore.from_url(store_url)
-        blinking.outages = 2
-        w.reconciler._store = blinking  # the same reconciler, over a store that blips
+        w = world(store_url, store_class=BlinkingStore)
+        blinking = w.store
+        assert isinstance(blinking, BlinkingStore)
+        blinking.outages = 2  # every part of the reconciler writes through this store
         stopping = asyncio.Event()
         loop = asyncio.create_task(w.reconciler.run(stopping))
         for _ in range(200):  # bounded: poke until the outage is over and the boxes are warm
@@ -431,12 +432,11 @@ def test_a_database_blip_fails_one_tick_and_the_loop_carries_on(store_url: str) 
             assert not loop.done(), "the reconcile loop died on a database blip"
             w.reconciler.poke()
             await asyncio.sleep(0.01)
-            await w.reconciler.drain()
+            await w.reconciler.wait_idle()
         assert blinking.outages == 0
         assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
         stopping.set()
         await asyncio.wait_for(loop, timeout=10)
-        await blinking.close()
         await w.store.close()
 
     asyncio.run(scenario())
@@ -470,14 +470,14 @@ def test_an_engine_restart_during_a_database_outage_leaves_readiness_at_once(sto
         ready = await status.ready("b1")
         assert ready is not None
         assert ready.ready
-        assert [k[:2] for k in w.reconciler._pins if k[0] == "b1"] == [("b1", "gen-0")]
+        assert [k[:2] for k in w.reconciler._book.pins if k[0] == "b1"] == [("b1", "gen-0")]
 
         store.down = True
         w.engine.restart("b1")
         for _ in range(3):  # every pass fails on the store, and the restarted box stays out meanwhile
             with pytest.raises(StoreUnavailable):
                 await w.reconciler.tick()
-            await w.reconciler.drain()
+            await w.reconciler.wait_idle()
             assert route_boxes(w.reconciler, "sales") == ["b2"]
             ready = await status.ready("b1")
             assert ready is not None
@@ -488,7 +488,7 @@ def test_an_engine_restart_during_a_database_outage_leaves_readiness_at_once(sto
             snapshot = w.reconciler.snapshot()
             assert snapshot.live["b1"].epoch == "gen-1"
             assert [k for k in snapshot.records if k[0] == "b1"] == []
-            assert [k for k in w.reconciler._pins if k[0] == "b1"] == []
+            assert [k for k in w.reconciler._book.pins if k[0] == "b1"] == []
 
         store.down = False
         assert await w.store.current_epoch("b1") == "gen-0"  # nothing reached the store during the outage
@@ -690,7 +690,7 @@ def test_on_pinnable_slots_each_prefix_gets_a_slot_of_its_own_and_keeps_it(store
         per_slot = Counter(slot for _, _, slot in engine.slots_named)
         assert set(per_slot) == {0, 1}
         engine.slots_named.clear()
-        await w.reconciler.drain()
+        await w.reconciler.wait_idle()
         w.reconciler.set_suspect("b1", True)  # probes of both prefixes
         w.clock.t += 120.0
         await settle(w.reconciler)
@@ -739,5 +739,6 @@ def test_a_pre_call_ask_for_a_warm_agent_does_not_wake_the_loop(store_url: str) 
         cold = await w.reconciler.ensure_warm("support", wait_seconds=0.0)
         assert not cold.routed
         assert w.reconciler._wake.is_set()
+        await w.reconciler.wait_idle()  # the warm the cold ask started
 
     asyncio.run(scenario())

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from tests.unit.prompt_helpers import AGENTS_DIR, MODELS_DIR
 from tests.unit.reconciler_fakes import FakeClock, FakeEngine
 from warmer.adapters.store import SqlStore, read_prefix_token_history
-from warmer.cli.prompts import lint_command
+from warmer.cli.lint import lint_command
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profiles
 from warmer.config.tokenizer import offline_engine_version
@@ -32,8 +32,7 @@ from warmer.core.errors import StoreUnavailable
 from warmer.core.model import BoxSpec, EngineKind, LoggedEvent, ModelProfile, Prefix, prefix_hash
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource
-from warmer.service.reconcile_types import ComputedPrefix, PrefixSource
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import ComputedPrefix, PrefixSource, Reconciler
 
 AGENT = "outbound-sales"
 MODEL = "tiny-demo"
@@ -115,14 +114,14 @@ async def upgrade_scenario(url: str, factor: float) -> Upgrade:
 
     before, store = reconciler(url, OldEngineSource(today, factor), Metrics(CollectorRegistry()))
     await before.tick()
-    await before.drain()
+    await before.wait_idle()
     await store.close()
 
     metrics = Metrics(CollectorRegistry())
     after, store = reconciler(url, OfflinePrefixSource(), metrics)
     with structlog.testing.capture_logs() as logs:
         await after.tick()
-        await after.drain()
+        await after.wait_idle()
     events = [e for e in await store.events(limit=1000) if e.kind == "tokenizer_drift"]
     await store.close()
     return Upgrade(metrics, events, [log for log in logs if log["event"] == "tokenizer_drift"], today)

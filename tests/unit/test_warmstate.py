@@ -27,6 +27,7 @@ from warmer.core.warmstate import (
     suffix_token_ceiling,
     transition,
 )
+from warmer.testing import probe_suffix
 
 
 def test_is_verified_uses_engine_granularity() -> None:
@@ -180,7 +181,7 @@ def test_release_stops_vouching() -> None:
     assert not is_serving(released)
 
 
-PROBE = "\n#probe 0a1b2c3d"  # the executor's probe suffix shape: 16 bytes
+PROBE = probe_suffix("0a1b2c3d")  # the executor's probe suffix shape: 16 bytes
 
 
 def contradiction(

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from warmer.cli.webhook import sign_webhook
-from warmer.config.events import (
+from warmer.config.webhook_payloads import (
     AgentPromptChanged,
     BoxAdded,
     BoxRemoved,

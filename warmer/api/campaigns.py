@@ -44,7 +44,7 @@ from warmer.core.campaigns import (
     UnknownCampaignAgent,
     campaign_json,
 )
-from warmer.service.campaigns import CampaignService, CampaignsUnavailable
+from warmer.service.campaigns import CampaignService
 
 # Checked in warmer.core.campaigns (one validator for the API and the schedule file); the schema only says
 # what it accepts, range included, so clients and generated tests see the real bounds.
@@ -129,8 +129,6 @@ def router(services: ApiServices) -> APIRouter:
             return JSONResponse({"error": "unknown_agent", "field": "agent", "detail": exc.message}, 404)
         except CampaignInvalid as exc:
             return invalid(exc.field, exc.message)
-        except CampaignsUnavailable as exc:
-            return unavailable(str(exc))
         return JSONResponse(campaign_json(stored), 201 if created else 200)
 
     @routes.delete(
@@ -149,10 +147,7 @@ def router(services: ApiServices) -> APIRouter:
         campaigns = service()
         if campaigns is None:
             return unavailable("campaigns are not configured")
-        try:
-            deleted = await campaigns.delete(campaign_id)
-        except CampaignsUnavailable as exc:
-            return unavailable(str(exc))
+        deleted = await campaigns.delete(campaign_id)
         if not deleted:
             return JSONResponse({"error": "not_found", "detail": f"no campaign {campaign_id!r}"}, 404)
         return Response(status_code=204)
@@ -167,10 +162,7 @@ def router(services: ApiServices) -> APIRouter:
         campaigns = service()
         if campaigns is None:
             return unavailable("campaigns are not configured")
-        try:
-            found = await campaigns.list()
-        except CampaignsUnavailable as exc:
-            return unavailable(str(exc))
+        found = await campaigns.list()
         return JSONResponse({"campaigns": [campaign_json(c) for c in found]})
 
     return routes

@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse
 from warmer.api.auth import require_token
 from warmer.api.schemas import UNAUTHORIZED, UNAVAILABLE, CapacityTable, described, unavailable
 from warmer.api.services import ApiServices
-from warmer.service.capacity import CapacityUnavailable
 
 
 def router(services: ApiServices) -> APIRouter:
@@ -34,10 +33,7 @@ def router(services: ApiServices) -> APIRouter:
     async def capacity() -> JSONResponse:
         if services.capacity is None:
             return unavailable("capacity is not available")
-        try:
-            report = await services.capacity.report()
-        except CapacityUnavailable as exc:
-            return unavailable(str(exc))
+        report = await services.capacity.report()
         return JSONResponse(
             {
                 "safe_fraction": report.safe_fraction,

@@ -7,8 +7,8 @@ Status codes: 202 accepted; 200 `{"duplicate": true}` for an event id already re
 within the tolerance: acknowledged, nothing changes); 400 not a JSON object warmer reads (also JSON nested
 deeper than 64 levels, a number over 40 characters, NaN/Infinity); 401 signature missing, forged or stale (a
 replay after the tolerance); 413 body over `api.webhook_max_body_bytes`; 422 invalid fields or boxes/agents
-the daemon does not have (`problems` lists field paths); 503 webhook disabled (no secret), reconciler not
-running or the database unavailable.
+the daemon does not have (`problems` lists field paths); 503 webhook disabled (no secret) or the database
+unavailable.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 from warmer.api.bodies import BodyTooLarge, read_limited
 from warmer.api.schemas import DeployAnswer, described, inline_json_schema
 from warmer.api.services import ApiServices
-from warmer.config.events import DeployEvent
+from warmer.config.webhook_payloads import DeployEvent
 from warmer.core.webhook import SIGNATURE_HEADER
 from warmer.service.deploy import DeployOutcome, DeployResult
 
@@ -90,9 +90,7 @@ def router(services: ApiServices) -> APIRouter:
             401: described(DeployAnswer, "Signature missing, forged, or timestamp outside the tolerance"),
             413: described(DeployAnswer, "Body over api.webhook_max_body_bytes"),
             422: described(DeployAnswer, "Invalid fields, or boxes/agents the daemon does not have"),
-            503: described(
-                DeployAnswer, "Webhook disabled (no secret), reconciler not running, database down"
-            ),
+            503: described(DeployAnswer, "Webhook disabled (no secret), database down"),
         },
     )
     async def deploy_event(request: Request) -> JSONResponse:

@@ -164,6 +164,6 @@ def unavailable(reason: str, **extra: str) -> JSONResponse:
 UNAUTHORIZED: dict[int | str, dict[str, Any]] = {401: described(Detail, "Missing or invalid bearer token")}
 UNAVAILABLE: dict[int | str, dict[str, Any]] = {
     503: described(
-        Unavailable, "Cannot answer now (daemon starting or stopping, or the database does not answer)"
+        Unavailable, "Cannot answer now (the database does not answer, or the service is not configured)"
     )
 }

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 
 import warmer
 from warmer.api.observe import RequestObserver
-from warmer.config.settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
+from warmer.config.server_settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.service.campaigns import CampaignService
 from warmer.service.capacity import CapacityReport
 from warmer.service.deploy import DeployHandler

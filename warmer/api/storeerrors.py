@@ -1,7 +1,7 @@
 """A database that does not answer, as the API says it: 503 with a one-line reason and Retry-After.
 
-Registered on the app for `StoreError`, so every route that touches the store (boxes, campaigns, and any
-added later) answers a database outage the same way instead of a 500 with a traceback.
+Registered on the app for `StoreError`, so every route that touches the store answers a database outage the
+same way instead of a 500 with a traceback.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ from warmer.cli.db import db
 from warmer.cli.group import main
 from warmer.cli.hitrate import hitrate
 from warmer.cli.init import init_command
-from warmer.cli.prompts import lint_command, render_command
+from warmer.cli.lint import lint_command
+from warmer.cli.prompts import render_command
 from warmer.cli.serve import serve
 from warmer.cli.status import status
 from warmer.cli.warm import warm_command

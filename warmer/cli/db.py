@@ -20,7 +20,7 @@ def upgrade(state: CliState) -> None:
     `serve` does this by itself for the embedded SQLite file; a shared PostgreSQL is migrated with this
     command before rolling out a new version.
     """
-    from warmer.root.app import upgrade_schema  # heavy (SQLAlchemy, Alembic): only when needed
+    from warmer.root.database import upgrade_schema  # heavy (SQLAlchemy, Alembic): only when needed
 
     settings = state.load_settings()
     try:

@@ -25,6 +25,7 @@ from warmer.core.hitrate import (
 )
 from warmer.core.model import CacheStats, EngineKind
 from warmer.core.promtext import MetricsTextError, parse_prometheus_text
+from warmer.root.http import sync_http_client
 
 
 def _pct(value: float | None) -> str:
@@ -170,7 +171,7 @@ def hitrate(
     else:
         assert metrics_url is not None  # checked above; narrows the type
         kind = EngineKind(engine) if engine else None
-        with httpx.Client(timeout=10.0) as client:
+        with sync_http_client() as client:
             kind, first = _scrape(client, metrics_url, kind)
             if interval is None:
                 window = cumulative_hit_rate(first)

@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
+from warmer.config.fleet_settings import BoxSettings
 from warmer.config.profiles import load_profile_set
-from warmer.config.settings import BoxSettings
 from warmer.core.errors import ConfigError
 
 CONFIG_FILE = "warmer.toml"

@@ -16,6 +16,7 @@ import httpx
 
 from warmer.cli.group import CliState, pass_state
 from warmer.config.settings import Settings
+from warmer.root.http import sync_http_client
 
 EXIT_UNREACHABLE = 1
 
@@ -106,7 +107,7 @@ def status(state: CliState, as_json: bool, url: str | None) -> None:
     if settings.api.tokens:
         headers["authorization"] = f"Bearer {settings.api.tokens[0].get_secret_value()}"
     try:
-        with httpx.Client(base_url=base, headers=headers, timeout=10.0, trust_env=False) as client:
+        with sync_http_client(base_url=base, headers=headers) as client:
             boxes_response = client.get("/v1/boxes")
             routes_response = client.get("/v1/routes")
     except httpx.HTTPError as exc:

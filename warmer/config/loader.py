@@ -6,13 +6,12 @@ each with its field path (`fleet.boxes[1].engine`, `profiles.dense-vllm.slots`, 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
+from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profile_set
 from warmer.config.settings import (
     Problem,
@@ -26,10 +25,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile
 
-# The agent spec loader lives in its own module (the prompt format is its own subject). It is optional
-# here: without it, agents are simply not loaded.
-AGENTS_MODULE = "warmer.config.agents"
-
+# Reads an agents directory into specs; `load_config` takes another (e.g. a test's) in its place.
 AgentLoader = Callable[[Path], Mapping[str, AgentSpec]]
 
 
@@ -42,14 +38,6 @@ class LoadedConfig:
     boxes: tuple[BoxSpec, ...]
     agents: Mapping[str, AgentSpec] = field(default_factory=dict)  # by agent id
     source: Path | None = None  # the TOML file read, if any
-
-
-def _agent_loader() -> AgentLoader | None:
-    """`warmer.config.agents.load_agent_specs` when that module is installed, else None."""
-    if importlib.util.find_spec(AGENTS_MODULE) is None:
-        return None
-    module = importlib.import_module(AGENTS_MODULE)
-    return cast(AgentLoader, module.load_agent_specs)
 
 
 def _text(value: object) -> str | None:
@@ -159,10 +147,10 @@ def load_config(path: Path | None = None, *, agent_loader: AgentLoader | None = 
     agents: Mapping[str, AgentSpec] = {}
     agents_dir = settings.fleet.agents_dir if settings is not None else None
     if agents_dir is not None:
-        loader = agent_loader if agent_loader is not None else _agent_loader()
+        loader = agent_loader if agent_loader is not None else load_agent_specs
         if not agents_dir.is_dir():
             problems.append(("fleet.agents_dir", f"directory not found: {agents_dir}"))
-        elif loader is not None:
+        else:
             try:
                 agents = loader(agents_dir)
             except ConfigError as exc:

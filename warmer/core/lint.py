@@ -4,10 +4,9 @@ Per agent: the computed stable prefix vs the ideal one (the same prompt with eve
 to the dynamic tail, and that tail rendered where nothing static comes after it), where the first per-call
 value sits, what that position costs per call, concrete advice, and values in static text that look per-call
 (dates, times, phone numbers, ids, amounts; repeats of one kind are one finding with a count).
-Also tokenizer drift: the same prefix text tokenizing to a materially different count after an engine
-or model upgrade (seen in the field: +8% from a tokenizer regression).
+Tokenizer drift, reported with these findings, is `warmer.core.tokenizer_drift`.
 
-Pure: the renderer/tokenizer are injected; drift history is passed in (the store persists it).
+Pure: the renderer and tokenizer are injected.
 """
 
 from __future__ import annotations
@@ -18,22 +17,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from warmer.core.agents import (
-    AgentSpec,
-    DynamicTail,
-    PlaceholderSite,
-    build_request,
-    placeholder_sites,
-    sample_values,
-    with_values_frozen_in_static,
-)
+from warmer.core.agent_requests import build_request, sample_values, with_values_frozen_in_static
+from warmer.core.agents import AgentSpec, DynamicTail, PlaceholderSite, placeholder_sites
 from warmer.core.errors import ConfigError
-from warmer.core.model import prefix_hash
 from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
 
 Severity = Literal["error", "warning", "info"]
 
-DEFAULT_DRIFT_THRESHOLD = 0.05
 # A repeated heuristic warning is one finding; this many of its places are listed (the rest are counted).
 LISTED_PLACES = 3
 
@@ -196,26 +186,22 @@ def _as_own_message(spec: AgentSpec) -> AgentSpec:
     return dataclasses.replace(spec, tail=DynamicTail(spec.tail.template, role, "message"))
 
 
-def lint_agent(
-    spec: AgentSpec,
-    render: RenderFn,
-    tokenize: TokenizeFn,
-    *,
-    samples: int = 3,
-    stable: StablePrefix | None = None,
-) -> AgentLint:
-    """Compute the stable prefix (unless given), compare it with the ideal layout, and explain the gap.
+@dataclass(frozen=True, slots=True)
+class _Layouts:
+    """The spec as written, with its values moved to the tail (`frozen`), and at its best (`ideal`)."""
 
-    The ideal moves every per-call value to the dynamic tail AND renders that tail after everything
-    static: a tail appended to the system text comes before what a template renders after the system
-    message (tool definitions in many tool-calling templates, the few-shot messages always), so there
-    the ideal renders the tail as its own final message instead.
-    """
-    stable = stable or compute_stable_prefix(spec, render, tokenize, samples=samples)
-    sites = placeholder_sites(spec)
-    static_sites = [s for s in sites if s.section != "tail"]
-    tail_names = {t.placeholder for t in sites if t.section == "tail"}
-    if static_sites:
+    stable: StablePrefix
+    frozen: StablePrefix
+    ideal: StablePrefix
+    ideal_placement: str
+    tools_behind: bool  # tool definitions stay behind a system-end tail even with every value in it
+    few_shot_behind: bool  # so do the few-shot messages
+
+
+def _layouts(
+    spec: AgentSpec, stable: StablePrefix, render: RenderFn, tokenize: TokenizeFn, samples: int
+) -> _Layouts:
+    if any(s.section != "tail" for s in placeholder_sites(spec)):
         frozen_spec = with_values_frozen_in_static(spec, sample_values(spec, 0))
         frozen = compute_stable_prefix(frozen_spec, render, tokenize, samples=samples)
     else:
@@ -232,96 +218,35 @@ def lint_agent(
             ideal_placement = "message"
         except ConfigError:  # the template refuses that message order: judge the layout as it is
             tools_behind = few_shot_behind = False
+    return _Layouts(stable, frozen, ideal, ideal_placement, tools_behind, few_shot_behind)
+
+
+def lint_agent(
+    spec: AgentSpec,
+    render: RenderFn,
+    tokenize: TokenizeFn,
+    *,
+    samples: int = 3,
+    stable: StablePrefix | None = None,
+) -> AgentLint:
+    """Compute the stable prefix (unless given), compare it with the ideal layout, and explain the gap.
+
+    The ideal moves every per-call value to the dynamic tail AND renders that tail after everything
+    static: a tail appended to the system text comes before what a template renders after the system
+    message (tool definitions in many tool-calling templates, the few-shot messages always), so there
+    the ideal renders the tail as its own final message instead.
+    """
+    stable = stable or compute_stable_prefix(spec, render, tokenize, samples=samples)
+    layouts = _layouts(spec, stable, render, tokenize, samples)
     turn1 = stable.turn1_prompt_tokens
-    ideal_tokens = max(ideal.token_count, frozen.token_count, stable.token_count)
+    ideal_tokens = max(layouts.ideal.token_count, layouts.frozen.token_count, stable.token_count)
     # The ideal's own turn-1 length when its layout differs (a tail message adds the template's wrapper).
-    ideal_turn1 = ideal.turn1_prompt_tokens if ideal_placement != spec.tail.placement else turn1
-    wasted = ideal_tokens - stable.token_count
-    static_gain = max(0, frozen.token_count - stable.token_count)  # from moving values alone
-    placement_gain = ideal_tokens - stable.token_count - static_gain
+    ideal_turn1 = (
+        layouts.ideal.turn1_prompt_tokens if layouts.ideal_placement != spec.tail.placement else turn1
+    )
     tools_cost = tool_token_cost(spec, render, tokenize)
     site = stable.first_dynamic_site
-    own_message = 'render the dynamic tail as its own message: set [dynamic] placement = "message"'
-    findings: list[Finding] = []
-
-    def move_advice(s: PlaceholderSite) -> str:
-        if s.placeholder in tail_names:
-            return f"drop {{{s.placeholder}}} from {s.describe()}: the dynamic tail already has it"
-        return f"move {{{s.placeholder}}} from {s.describe()} to the dynamic tail"
-
-    for s in static_sites:
-        findings.append(
-            Finding(
-                code="per-call-value-in-static-text",
-                severity="error",
-                message=f"{{{s.placeholder}}} is a per-call value in static text ({s.describe()})",
-                location=s.describe(),
-                advice=move_advice(s)
-                + (
-                    f"; that makes {static_gain} more tokens per call cacheable"
-                    if static_gain and s == site
-                    else ""
-                ),
-                places=(SpecPlace.of(s),),
-            )
-        )
-
-    if tools_behind:
-        findings.append(
-            Finding(
-                code="tools-after-dynamic-tail",
-                severity="error",
-                message="the chat template renders the tool definitions after the system text, and the "
-                f"dynamic tail is appended to the system text: the {len(spec.tools)} tool definitions "
-                f"({tools_cost} tokens) are recomputed on every call",
-                location="dynamic.placement",
-                advice=f"{own_message} (after the tools); that makes {placement_gain} more tokens per call "
-                "cacheable",
-                places=(SpecPlace("field", "dynamic.placement"),),
-            )
-        )
-    elif site is not None and site.section != "tail" and not stable.tools_reachable:
-        findings.append(
-            Finding(
-                code="tools-after-dynamic-value",
-                severity="error",
-                message=f"tool definitions ({tools_cost} tokens) render after the first per-call value "
-                f"({site.describe()})",
-                location=site.describe(),
-                advice=move_advice(site),
-                places=(SpecPlace.of(site),),
-            )
-        )
-    if few_shot_behind:
-        findings.append(
-            Finding(
-                code="few-shot-after-dynamic-tail",
-                severity="error",
-                message=f"the dynamic tail is appended to the system text, so the {len(spec.few_shot)} "
-                "few-shot messages after it are recomputed on every call",
-                location="dynamic.placement",
-                advice=f"{own_message} (after the few-shot messages)",
-                places=(SpecPlace("field", "dynamic.placement"),),
-            )
-        )
-
-    if static_gain > 0 and site is not None:
-        findings.append(
-            Finding(
-                code="early-per-call-value",
-                severity="error",
-                message=(
-                    f"first per-call value {{{site.placeholder}}} at token "
-                    f"{stable.first_dynamic_token_offset} of {turn1} ({site.describe()}): "
-                    f"{wasted} tokens per call are recomputed that the layout could cache"
-                ),
-                location=site.describe(),
-                advice=move_advice(site) + (f", and {own_message}" if placement_gain else ""),
-                places=(SpecPlace.of(site),),
-            )
-        )
-
-    findings += scan_static_text(spec)
+    findings = _layout_findings(spec, layouts, ideal_tokens, tools_cost) + scan_static_text(spec)
     return AgentLint(
         agent=spec.id,
         model=spec.model,
@@ -334,11 +259,112 @@ def lint_agent(
         first_dynamic_token_offset=stable.first_dynamic_token_offset,
         first_dynamic_location=site.describe() if site else None,
         first_dynamic_placeholder=site.placeholder if site else None,
-        wasted_tokens_per_call=wasted,
+        wasted_tokens_per_call=ideal_tokens - stable.token_count,
         findings=tuple(findings),
         tool_tokens=tools_cost,
-        ideal_placement=ideal_placement,
+        ideal_placement=layouts.ideal_placement,
     )
+
+
+_OWN_MESSAGE = 'render the dynamic tail as its own message: set [dynamic] placement = "message"'
+
+
+def _move_advice(s: PlaceholderSite, tail_names: set[str]) -> str:
+    if s.placeholder in tail_names:
+        return f"drop {{{s.placeholder}}} from {s.describe()}: the dynamic tail already has it"
+    return f"move {{{s.placeholder}}} from {s.describe()} to the dynamic tail"
+
+
+def _layout_findings(spec: AgentSpec, layouts: _Layouts, ideal_tokens: int, tools_cost: int) -> list[Finding]:
+    """What keeps the written layout from the ideal one, each with the change that fixes it."""
+    stable = layouts.stable
+    sites = placeholder_sites(spec)
+    tail_names = {t.placeholder for t in sites if t.section == "tail"}
+    static_gain = max(0, layouts.frozen.token_count - stable.token_count)  # from moving values alone
+    placement_gain = ideal_tokens - stable.token_count - static_gain
+    site = stable.first_dynamic_site
+    findings: list[Finding] = []
+    for s in sites:
+        if s.section == "tail":
+            continue
+        gain = (
+            f"; that makes {static_gain} more tokens per call cacheable" if static_gain and s == site else ""
+        )
+        findings.append(
+            Finding(
+                code="per-call-value-in-static-text",
+                severity="error",
+                message=f"{{{s.placeholder}}} is a per-call value in static text ({s.describe()})",
+                location=s.describe(),
+                advice=_move_advice(s, tail_names) + gain,
+                places=(SpecPlace.of(s),),
+            )
+        )
+    findings += _placement_findings(spec, layouts, tools_cost, placement_gain, tail_names)
+    if static_gain > 0 and site is not None:
+        findings.append(
+            Finding(
+                code="early-per-call-value",
+                severity="error",
+                message=(
+                    f"first per-call value {{{site.placeholder}}} at token "
+                    f"{stable.first_dynamic_token_offset} of {stable.turn1_prompt_tokens} "
+                    f"({site.describe()}): {ideal_tokens - stable.token_count} tokens per call are "
+                    "recomputed that the layout could cache"
+                ),
+                location=site.describe(),
+                advice=_move_advice(site, tail_names) + (f", and {_OWN_MESSAGE}" if placement_gain else ""),
+                places=(SpecPlace.of(site),),
+            )
+        )
+    return findings
+
+
+def _placement_findings(
+    spec: AgentSpec, layouts: _Layouts, tools_cost: int, placement_gain: int, tail_names: set[str]
+) -> list[Finding]:
+    """Tool definitions and few-shot messages the template renders after a per-call part."""
+    site = layouts.stable.first_dynamic_site
+    findings: list[Finding] = []
+    if layouts.tools_behind:
+        findings.append(
+            Finding(
+                code="tools-after-dynamic-tail",
+                severity="error",
+                message="the chat template renders the tool definitions after the system text, and the "
+                f"dynamic tail is appended to the system text: the {len(spec.tools)} tool definitions "
+                f"({tools_cost} tokens) are recomputed on every call",
+                location="dynamic.placement",
+                advice=f"{_OWN_MESSAGE} (after the tools); that makes {placement_gain} more tokens per call "
+                "cacheable",
+                places=(SpecPlace("field", "dynamic.placement"),),
+            )
+        )
+    elif site is not None and site.section != "tail" and not layouts.stable.tools_reachable:
+        findings.append(
+            Finding(
+                code="tools-after-dynamic-value",
+                severity="error",
+                message=f"tool definitions ({tools_cost} tokens) render after the first per-call value "
+                f"({site.describe()})",
+                location=site.describe(),
+                advice=_move_advice(site, tail_names),
+                places=(SpecPlace.of(site),),
+            )
+        )
+    if layouts.few_shot_behind:
+        findings.append(
+            Finding(
+                code="few-shot-after-dynamic-tail",
+                severity="error",
+                message=f"the dynamic tail is appended to the system text, so the {len(spec.few_shot)} "
+                "few-shot messages after it are recomputed on every call",
+                location="dynamic.placement",
+                advice=f"{_OWN_MESSAGE} (after the few-shot messages)",
+                places=(SpecPlace("field", "dynamic.placement"),),
+            )
+        )
+    return findings
 
 
 def shared_prefixes(stables: Sequence[StablePrefix]) -> dict[str, list[str]]:
@@ -347,74 +373,3 @@ def shared_prefixes(stables: Sequence[StablePrefix]) -> dict[str, list[str]]:
     for s in stables:
         by_hash.setdefault(s.hash, []).append(s.agent)
     return {h: agents for h, agents in by_hash.items() if len(agents) > 1}
-
-
-# --- tokenizer drift ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TokenCountObservation:
-    """One recorded tokenization of a prefix.
-
-    Keyed by `text_hash` (the prefix TEXT's identity, `prefix_hash(text)` without ids): a token-id hash
-    changes precisely when the tokenizer does, so it cannot be the key that detects it.
-    """
-
-    text_hash: str
-    model: str
-    engine_version: str
-    token_count: int
-    at: float = 0.0
-
-    @classmethod
-    def of(cls, stable: StablePrefix, engine_version: str, at: float = 0.0) -> TokenCountObservation:
-        return cls(prefix_hash(stable.text), stable.model, engine_version, stable.token_count, at)
-
-
-def drift_baseline(
-    history: Sequence[TokenCountObservation], current: TokenCountObservation
-) -> TokenCountObservation | None:
-    """What `current` is compared with: the newest observation of the same prefix text and model under
-    another engine version (None when there is none, or it counted no tokens)."""
-    earlier = [
-        h
-        for h in history
-        if h.text_hash == current.text_hash
-        and h.model == current.model
-        and h.engine_version != current.engine_version
-    ]
-    if not earlier:
-        return None
-    previous = max(earlier, key=lambda h: h.at)
-    return previous if previous.token_count > 0 else None
-
-
-def detect_tokenizer_drift(
-    history: Sequence[TokenCountObservation],
-    current: TokenCountObservation,
-    *,
-    threshold: float = DEFAULT_DRIFT_THRESHOLD,
-) -> Finding | None:
-    """A finding when the same prefix text of the same model now tokenizes to a materially different count.
-
-    Compares with the most recent earlier observation of (text_hash, model) under a different engine
-    version; `threshold` is the relative change that counts as material (default 5%).
-    """
-    previous = drift_baseline(history, current)
-    if previous is None:
-        return None
-    change = (current.token_count - previous.token_count) / previous.token_count
-    if abs(change) < threshold:
-        return None
-    return Finding(
-        code="tokenizer-drift",
-        severity="error",
-        message=(
-            f"the same prefix tokenizes to {current.token_count} tokens on {current.engine_version} vs "
-            f"{previous.token_count} on {previous.engine_version} ({change:+.1%}) for model {current.model}"
-        ),
-        location=f"prefix text {current.text_hash}",
-        places=(SpecPlace("spec"),),
-        advice="check the engine's tokenizer after the upgrade (e.g. tokenizer_class in "
-        "tokenizer_config.json); a regression makes every prefill longer",
-    )

@@ -146,68 +146,44 @@ def sarif_log(
     `uri_of` turns a spec path into the artifact URI (relative to the repository root for code scanning).
     """
     codes = sorted({item.finding.code for item in items})
-    rules = [
-        {
-            "id": code,
-            "shortDescription": {"text": RULES.get(code, code)},
-        }
-        for code in codes
-    ]
-    results: list[dict[str, object]] = []
-    for item in items:
-        finding = item.finding
-        locations = [
-            {
-                "physicalLocation": {
-                    "artifactLocation": {"uri": uri_of(fl.path)},
-                    "region": {"startLine": fl.line},
-                },
-                "logicalLocations": [
-                    {
-                        "name": finding.location or item.agent,
-                        "fullyQualifiedName": f"{item.agent}/{finding.location}",
-                    }
-                ],
-            }
-            for fl in item.lines[:1]
-        ]
-        related = [
-            {
-                "id": i,
-                "physicalLocation": {
-                    "artifactLocation": {"uri": uri_of(fl.path)},
-                    "region": {"startLine": fl.line},
-                },
-            }
-            for i, fl in enumerate(item.lines[1:], start=1)
-        ]
-        result: dict[str, object] = {
-            "ruleId": finding.code,
-            "ruleIndex": codes.index(finding.code),
-            "level": _SARIF_LEVEL[finding.severity],
-            "message": {"text": _text(item)},
-            "locations": locations,
-            "properties": {"agent": item.agent, "count": finding.count},
-        }
-        if related:
-            result["relatedLocations"] = related
-        results.append(result)
+    rules = [{"id": code, "shortDescription": {"text": RULES.get(code, code)}} for code in codes]
     return {
         "$schema": SARIF_SCHEMA_URI,
         "version": SARIF_VERSION,
         "runs": [
             {
-                "tool": {
-                    "driver": {
-                        "name": "warmer lint",
-                        "version": tool_version,
-                        "rules": rules,
-                    }
-                },
-                "results": results,
+                "tool": {"driver": {"name": "warmer lint", "version": tool_version, "rules": rules}},
+                "results": [_sarif_result(item, codes, uri_of) for item in items],
             }
         ],
     }
+
+
+def _sarif_result(item: LocatedFinding, codes: list[str], uri_of: Callable[[str], str]) -> dict[str, object]:
+    """One finding: its first spec line as the location, the others as related locations."""
+    finding = item.finding
+
+    def physical(fl: FileLine) -> dict[str, object]:
+        return {"artifactLocation": {"uri": uri_of(fl.path)}, "region": {"startLine": fl.line}}
+
+    logical = {
+        "name": finding.location or item.agent,
+        "fullyQualifiedName": f"{item.agent}/{finding.location}",
+    }
+    result: dict[str, object] = {
+        "ruleId": finding.code,
+        "ruleIndex": codes.index(finding.code),
+        "level": _SARIF_LEVEL[finding.severity],
+        "message": {"text": _text(item)},
+        "locations": [
+            {"physicalLocation": physical(fl), "logicalLocations": [logical]} for fl in item.lines[:1]
+        ],
+        "properties": {"agent": item.agent, "count": finding.count},
+    }
+    related = [{"id": i, "physicalLocation": physical(fl)} for i, fl in enumerate(item.lines[1:], start=1)]
+    if related:
+        result["relatedLocations"] = related
+    return result
 
 
 def _escape_data(value: str) -> str:

@@ -2,13 +2,20 @@
 
 `plan(desired, observed, now, config)` is pure and idempotent in spirit: feed it the same world twice and it
 asks for the same things, so a missed event or a daemon restart only delays a fix by one tick. The executor
-(a service) carries out the actions in order and reports results back as warm-state events
-(`warmer.core.warmstate`). Readiness (`box_ready`) and routing (`routes`) are pure answers over the same data.
+(a service) carries out the actions (`warmer.core.plan_actions`) in order and reports results back as
+warm-state events (`warmer.core.warmstate`). Readiness and routing are pure answers over the same data
+(`warmer.core.readiness`). Each box is planned from its own slice of the world (`PlanIndex`), so
+`plan_boxes` can re-plan one box, or the boxes of one agent after a pre-call ask, without a pass over the
+fleet.
 
 Order of work per box: restart warm-up of the current epoch first (no prefix warm before it is done), then
 prefixes of agents with pre-call asks, then active campaigns, then other active agents, then keepalive
 touches, then probes. A per-box warm budget (concurrent requests, uncached tokens per second as a token
-bucket) is never exceeded by a plan, and each (box, prefix) gets at most one warm in flight.
+bucket: `warmer.core.warm_budget`) is never exceeded by a plan, and each (box, prefix) gets at most one
+warm in flight.
+
+Size: the planner's inputs, the per-box index and the per-box plan read together (each rule of the plan is
+a short function); actions, the warm budget and readiness have modules of their own.
 """
 
 from __future__ import annotations
@@ -20,7 +27,20 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from warmer.core.model import BoxSpec, Campaign, ModelProfile, WarmRecord, WarmState
-from warmer.core.warmstate import RetryBackoff, is_serving, retry_at
+from warmer.core.plan_actions import (
+    AbandonWarm,
+    Action,
+    MarkStale,
+    Plan,
+    ProbePrefix,
+    ProbeReason,
+    Retire,
+    RunRestartWarmup,
+    WarmPrefix,
+    WarmReason,
+)
+from warmer.core.warm_budget import TokenBucket, WarmBudget, refill
+from warmer.core.warmstate import RetryBackoff, retry_at
 
 # ----------------------------------------------------------------------------------------------- inputs
 
@@ -51,29 +71,6 @@ class BoxObservation:
     warmup: WarmupStatus = WarmupStatus.NOT_STARTED  # for `epoch`
     warmup_finished_at: float | None = None  # when warm-up of `epoch` ended (done or failed)
     draining: bool = False  # a rollout will restart it: it serves only what is not warm elsewhere yet
-
-
-@dataclass(frozen=True, slots=True)
-class TokenBucket:
-    """Uncached-token budget of one box: `tokens` available as of `updated_at` (may be negative = debt)."""
-
-    tokens: float
-    updated_at: float
-
-
-@dataclass(frozen=True, slots=True)
-class WarmBudget:
-    max_concurrent: int = 2  # warm/probe requests in flight on one box
-    tokens_per_second: float = 2000.0  # uncached prompt tokens per second spent on warming, on average
-    burst_tokens: float = 20000.0  # bucket size
-
-    def __post_init__(self) -> None:
-        if self.max_concurrent < 1:
-            raise ValueError("max_concurrent must be >= 1")
-        if self.tokens_per_second <= 0:
-            raise ValueError("tokens_per_second must be > 0")
-        if self.burst_tokens <= 0:
-            raise ValueError("burst_tokens must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,99 +139,6 @@ class Observed:
     # ... and a `warming` row last written before it is an earlier daemon's, abandoned at once
 
 
-# ---------------------------------------------------------------------------------------------- actions
-
-
-class WarmReason(enum.StrEnum):
-    PRECALL = "precall"
-    CAMPAIGN = "campaign"
-    ASSIGNED = "assigned"  # an active agent's prefix is not warm here
-    KEEPALIVE = "keepalive"
-
-
-class ProbeReason(enum.StrEnum):
-    UNTRUSTED = "untrusted"  # verified before the daemon (re)started: re-verify, do not trust blindly
-    SUSPECT = "suspect"  # the box's hit rate dropped
-
-
-@dataclass(frozen=True, slots=True)
-class RunRestartWarmup:
-    """Run the model profile's restart recipe on the box, then report the phases for this epoch."""
-
-    box_id: str
-    epoch: str
-
-
-@dataclass(frozen=True, slots=True)
-class MarkStale:
-    """Apply `KeepaliveDue` to the record (warm -> stale); a `WarmPrefix` for it may follow."""
-
-    box_id: str
-    epoch: str
-    prefix_hash: str
-
-
-@dataclass(frozen=True, slots=True)
-class WarmPrefix:
-    """Send `requests` warm requests of the prefix (distinct short suffixes when > 1: running-state models),
-    sequentially; if the last one's cached tokens do not verify, send one bare verification request.
-
-    Record `WarmStarted` before, then `WarmVerified(cached)` or `WarmFailed(error)`. `agent_ids` share the
-    prefix here (coalesced into this one warm); use any of them to look the prefix text up.
-    """
-
-    box_id: str
-    epoch: str
-    prefix_hash: str
-    prefix_tokens: int
-    requests: int
-    reason: WarmReason
-    agent_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ProbePrefix:
-    """Send the prefix once (max_tokens 1) and record `ProbeWarm(cached)` or `ProbeCold(cached)`."""
-
-    box_id: str
-    epoch: str
-    prefix_hash: str
-    prefix_tokens: int
-    reason: ProbeReason
-    agent_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Retire:
-    """Stop keeping this prefix warm here: apply `Released(reason)` (no engine request)."""
-
-    box_id: str
-    epoch: str
-    prefix_hash: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class AbandonWarm:
-    """A `warming` row has nothing in flight (daemon restart, lost task): apply `WarmFailed(reason)`."""
-
-    box_id: str
-    epoch: str
-    prefix_hash: str
-    reason: str
-
-
-Action = RunRestartWarmup | MarkStale | WarmPrefix | ProbePrefix | Retire | AbandonWarm
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Actions in execution order, and the token buckets after charging them (store them for next time)."""
-
-    actions: tuple[Action, ...]
-    buckets: Mapping[str, TokenBucket]
-
-
 # ----------------------------------------------------------------------------------------------- helpers
 
 
@@ -255,26 +159,6 @@ def keepalive_due_at(record: WarmRecord, profile: ModelProfile, config: PlannerC
     if record.verified_at is None:
         return None
     return record.verified_at + keepalive_interval(record.box_id, record.prefix_hash, profile, config)
-
-
-def refill(bucket: TokenBucket | None, budget: WarmBudget, now: float) -> TokenBucket:
-    """The bucket as of `now`: it fills at the budget's rate up to its size (a missing bucket is full)."""
-    if bucket is None:
-        return TokenBucket(tokens=budget.burst_tokens, updated_at=now)
-    elapsed = max(0.0, now - bucket.updated_at)
-    tokens = min(budget.burst_tokens, bucket.tokens + elapsed * budget.tokens_per_second)
-    return TokenBucket(tokens=tokens, updated_at=max(now, bucket.updated_at))
-
-
-def try_spend(bucket: TokenBucket, cost: float, budget: WarmBudget) -> TokenBucket | None:
-    """Charge `cost` uncached tokens, or None when the budget cannot afford it now.
-
-    A cost larger than the whole bucket is allowed only from a full bucket, leaving debt that later refill
-    pays off: big prefixes still get warmed, and the long-run rate still holds.
-    """
-    if cost <= bucket.tokens or bucket.tokens >= budget.burst_tokens:
-        return replace(bucket, tokens=bucket.tokens - cost)
-    return None
 
 
 def campaign_active(campaign: Campaign, now: float, lead_seconds: float) -> bool:
@@ -309,7 +193,7 @@ _PROBE_RANK = 5
 
 
 @dataclass(slots=True)
-class _Want:
+class WantedPrefix:
     """One (box, prefix) we want kept warm, merged over the agents that share it."""
 
     prefix: PrefixRef
@@ -317,15 +201,16 @@ class _Want:
     agent_ids: list[str]
 
 
-def _wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, _Want]]:
-    wanted: dict[str, dict[str, _Want]] = {}
+def wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, WantedPrefix]]:
+    """Box -> prefix hash -> what is wanted there: the assignment of the active agents."""
+    wanted: dict[str, dict[str, WantedPrefix]] = {}
     for agent_id, reason in active.items():
         prefix = desired.agents[agent_id]
         for box_id in desired.assignment.get(agent_id, ()):
             per_box = wanted.setdefault(box_id, {})
             want = per_box.get(prefix.hash)
             if want is None:
-                per_box[prefix.hash] = _Want(prefix, reason, [agent_id])
+                per_box[prefix.hash] = WantedPrefix(prefix, reason, [agent_id])
             else:
                 want.agent_ids.append(agent_id)
                 if _REASON_RANK[reason] < _REASON_RANK[want.reason]:
@@ -338,42 +223,143 @@ def _wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[s
 
 def plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig) -> Plan:
     """Everything worth doing now, highest priority first, within each box's warm budget."""
+    index = index_plan(desired, observed, now, config)
+    return plan_boxes(desired, observed, now, config, desired.boxes, index)
+
+
+@dataclass(slots=True)
+class PlanIndex:
+    """Desired and observed sliced per box, so one box's actions — or the boxes of one agent — can be
+    planned alone (`plan_boxes`) without a pass over the fleet. Valid for the `now` it was built at; keep
+    it current with `set_box` / `refresh_agents` as records and agents change."""
+
+    wants: dict[str, dict[str, WantedPrefix]]  # box -> prefix hash -> what is wanted there
+    records: dict[str, list[WarmRecord]]  # box -> its records (every epoch; only the current one counts)
+    busy: dict[str, set[str]]  # box -> prefix hashes with a warm/probe in flight
+    assigned: dict[str, set[str]]  # box -> agents whose keep-warm assignment has it (active or not)
+    groups: dict[str, tuple[str, ...]]  # the keep-warm assignment as indexed
+
+    def set_box(self, box_id: str, records: Sequence[WarmRecord], busy: Collection[str]) -> None:
+        """The box's records and warms in flight as they are now."""
+        self.records[box_id] = list(records)
+        self.busy[box_id] = set(busy)
+
+    def refresh_agents(
+        self, desired: Desired, now: float, config: PlannerConfig, agent_ids: Collection[str]
+    ) -> set[str]:
+        """Re-derive what is wanted on the boxes of these agents, before and after their change (a new
+        assignment, prefix, activity, campaign or pre-call ask); returns the boxes to plan again."""
+        boxes: set[str] = set()
+        for agent_id in agent_ids:
+            for box_id in self.groups.pop(agent_id, ()):
+                self.assigned.get(box_id, set()).discard(agent_id)
+                boxes.add(box_id)
+            group = desired.assignment.get(agent_id, ())
+            if group:
+                self.groups[agent_id] = tuple(group)
+            for box_id in group:
+                self.assigned.setdefault(box_id, set()).add(agent_id)
+                boxes.add(box_id)
+        for box_id in boxes:
+            sharing = _only(desired, self.assigned.get(box_id, set()))
+            self.wants[box_id] = wanted_by_box(sharing, active_agents(sharing, now, config)).get(box_id, {})
+        return boxes
+
+
+def _only(desired: Desired, agent_ids: Collection[str]) -> Desired:
+    """The desired world restricted to some agents (what their boxes need depends on them alone)."""
+    return replace(
+        desired,
+        agents={a: desired.agents[a] for a in agent_ids if a in desired.agents},
+        assignment={a: desired.assignment[a] for a in agent_ids if a in desired.assignment},
+        campaigns=tuple(c for c in desired.campaigns if c.agent_id in agent_ids),
+        precall=frozenset(a for a in desired.precall if a in agent_ids),
+        last_activity={a: desired.last_activity[a] for a in agent_ids if a in desired.last_activity},
+    )
+
+
+def _wants_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, WantedPrefix]]:
+    """`wanted_by_box` for a whole fleet, faster: one `WantedPrefix` per agent, shared by every box of its
+    group, and a merged copy where agents share a prefix on a box (so a shared one is never changed).
+    Plans only read wants."""
+    wanted: dict[str, dict[str, WantedPrefix]] = {}
+    agents, assignment = desired.agents, desired.assignment
+    for agent_id, reason in active.items():
+        group = assignment.get(agent_id)
+        if not group:
+            continue
+        prefix = agents[agent_id]
+        mine = WantedPrefix(prefix, reason, [agent_id])
+        for box_id in group:
+            per_box = wanted.get(box_id)
+            if per_box is None:
+                wanted[box_id] = {prefix.hash: mine}
+                continue
+            want = per_box.get(prefix.hash)
+            if want is None:
+                per_box[prefix.hash] = mine
+            else:
+                better = reason if _REASON_RANK[reason] < _REASON_RANK[want.reason] else want.reason
+                per_box[prefix.hash] = WantedPrefix(want.prefix, better, [*want.agent_ids, agent_id])
+    return wanted
+
+
+def index_plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig) -> PlanIndex:
+    """One pass over the fleet: what is wanted, held and in flight on each box."""
+    records: dict[str, list[WarmRecord]] = {}
+    for record in observed.warm.values():
+        box_records = records.get(record.box_id)
+        if box_records is None:
+            records[record.box_id] = [record]
+        else:
+            box_records.append(record)
+    busy: dict[str, set[str]] = {}
+    for in_flight_box, in_flight_prefix in observed.in_flight:
+        busy.setdefault(in_flight_box, set()).add(in_flight_prefix)
+    assigned: dict[str, set[str]] = {}
+    for agent_id, group in desired.assignment.items():
+        for box_id in group:
+            assigned.setdefault(box_id, set()).add(agent_id)
+    wants = _wants_by_box(desired, active_agents(desired, now, config))
+    groups = {a: tuple(g) for a, g in desired.assignment.items() if g}
+    return PlanIndex(wants=wants, records=records, busy=busy, assigned=assigned, groups=groups)
+
+
+def plan_boxes(
+    desired: Desired,
+    observed: Observed,
+    now: float,
+    config: PlannerConfig,
+    box_ids: Collection[str],
+    index: PlanIndex,
+) -> Plan:
+    """`plan` for these boxes only, in the same order and with the same actions `plan` gives them; the
+    buckets are `observed.buckets` with these boxes' charged."""
     actions: list[Action] = []
     buckets: dict[str, TokenBucket] = dict(observed.buckets)
-    wanted = _wanted_by_box(desired, active_agents(desired, now, config))
-    records_by_box: dict[str, list[WarmRecord]] = {}
-    for record in observed.warm.values():
-        records_by_box.setdefault(record.box_id, []).append(record)
-    busy_by_box: dict[str, set[str]] = {}
-    for in_flight_box, in_flight_prefix in observed.in_flight:
-        busy_by_box.setdefault(in_flight_box, set()).add(in_flight_prefix)
-    for box_id in sorted(desired.boxes):
-        box = desired.boxes[box_id]
+    for box_id in sorted(box_ids):
+        box = desired.boxes.get(box_id)
         seen = observed.boxes.get(box_id)
-        profile = desired.profiles.get(box.model)
+        profile = desired.profiles.get(box.model) if box is not None else None
         if seen is None or not seen.healthy or seen.epoch is None or profile is None:
             continue
-        epoch = seen.epoch
         if seen.draining and seen.warmup is not WarmupStatus.DONE:
             continue  # restarted mid-rollout: its warm-up waits for the rollout to finish (a new epoch)
         if seen.warmup is WarmupStatus.NOT_STARTED or (
             seen.warmup is WarmupStatus.FAILED
             and now >= (seen.warmup_finished_at or 0.0) + config.restart_warmup_retry_seconds
         ):
-            actions.append(RunRestartWarmup(box_id, epoch))
+            actions.append(RunRestartWarmup(box_id, seen.epoch))
             continue
         if seen.warmup is not WarmupStatus.DONE:
             continue
         budget = config.budget_for(box_id)
-        bucket = refill(buckets.get(box_id), budget, now)
+        view = _BoxView(
+            box_id, seen.epoch, profile, index.records.get(box_id, []), index.busy.get(box_id, set())
+        )
+        wants = index.wants.get(box_id, {})
         box_actions, bucket = _plan_box(
-            _BoxView(box_id, epoch, profile, records_by_box.get(box_id, []), busy_by_box.get(box_id, set())),
-            wanted.get(box_id, {}),
-            observed,
-            bucket,
-            budget,
-            now,
-            config,
+            view, wants, observed, refill(buckets.get(box_id), budget, now), budget, now, config
         )
         buckets[box_id] = bucket
         actions.extend(box_actions)
@@ -391,182 +377,132 @@ class _BoxView:
     busy: set[str]  # prefix hashes with a warm/probe in flight
 
 
+# A warm, keepalive touch or probe worth sending, built into an action only once the budget takes it
+# (most are deferred): (rank, due time, prefix hash, kind, want, mark stale first)
+_Candidate = tuple[int, float, str, "_Kind", WantedPrefix, bool]
+
+
+class _Kind(enum.Enum):
+    WARM = "warm"
+    TOUCH = "touch"
+    UNTRUSTED = "untrusted"
+    SUSPECT = "suspect"
+
+
 def _plan_box(
     view: _BoxView,
-    wants: Mapping[str, _Want],
+    wants: Mapping[str, WantedPrefix],
     observed: Observed,
     bucket: TokenBucket,
     budget: WarmBudget,
     now: float,
     config: PlannerConfig,
 ) -> tuple[list[Action], TokenBucket]:
-    box_id, epoch, profile, busy = view.box_id, view.epoch, view.profile, view.busy
-    current = {r.prefix_hash: r for r in view.records if r.epoch == epoch}
-    bookkeeping: list[Action] = []  # no engine traffic: never budgeted
+    current = {r.prefix_hash: r for r in view.records if r.epoch == view.epoch}
+    bookkeeping = _bookkeeping(
+        view, current, wants, observed, now, config
+    )  # no engine traffic: never budgeted
+    candidates = _candidates(view, current, wants, observed, now, config)
+    chosen, bucket = _choose(view, sorted(candidates), bucket, budget)
+    return bookkeeping + chosen, bucket
+
+
+def _bookkeeping(
+    view: _BoxView,
+    current: Mapping[str, WarmRecord],
+    wants: Mapping[str, WantedPrefix],
+    observed: Observed,
+    now: float,
+    config: PlannerConfig,
+) -> list[Action]:
+    box_id, epoch, busy = view.box_id, view.epoch, view.busy
+    actions: list[Action] = []
     for prefix_hash in sorted(current):
         held = current[prefix_hash]
         if held.state is WarmState.WARMING:
             if prefix_hash not in busy and held.updated_at < observed.trusted_after:
                 # an earlier daemon's warm: no task of this process will ever finish it
-                bookkeeping.append(
-                    AbandonWarm(box_id, epoch, prefix_hash, "left warming by an earlier daemon")
-                )
+                actions.append(AbandonWarm(box_id, epoch, prefix_hash, "left warming by an earlier daemon"))
             elif prefix_hash not in busy and now - held.updated_at >= config.warming_timeout_seconds:
-                bookkeeping.append(AbandonWarm(box_id, epoch, prefix_hash, "warm in flight was lost"))
+                actions.append(AbandonWarm(box_id, epoch, prefix_hash, "warm in flight was lost"))
         elif prefix_hash not in wants and held.state in (WarmState.WARM, WarmState.STALE):
-            bookkeeping.append(Retire(box_id, epoch, prefix_hash, "not kept warm here: idle or moved"))
-    # candidates: (rank, due time, prefix hash, action, mark-stale-first)
-    candidates: list[tuple[int, float, str, WarmPrefix | ProbePrefix, MarkStale | None]] = []
+            actions.append(Retire(box_id, epoch, prefix_hash, "not kept warm here: idle or moved"))
+    return actions
+
+
+def _candidates(
+    view: _BoxView,
+    current: Mapping[str, WarmRecord],
+    wants: Mapping[str, WantedPrefix],
+    observed: Observed,
+    now: float,
+    config: PlannerConfig,
+) -> list[_Candidate]:
+    box_id, busy = view.box_id, view.busy
+    base = config.keepalive_overrides.get(box_id, view.profile.keepalive_seconds)
+    not_due_before = base * (1.0 - config.keepalive_jitter)  # the jittered interval is never shorter
+    suspect = box_id in observed.suspect_boxes
+    candidates: list[_Candidate] = []
     for prefix_hash, want in wants.items():
         if prefix_hash in busy:
             continue  # coalescing: one warm per (box, prefix) at a time
         record = current.get(prefix_hash)
-        agents = tuple(sorted(want.agent_ids))
-        tokens = want.prefix.tokens
         state = record.state if record is not None else WarmState.COLD
         if (
             record is None
             or state in (WarmState.COLD, WarmState.EVICTED)
             or (state is WarmState.FAILED and now >= retry_at(record, config.retry))
         ):
-            warm = WarmPrefix(
-                box_id, epoch, prefix_hash, tokens, profile.warm_requests_per_prefix, want.reason, agents
-            )
-            candidates.append((_REASON_RANK[want.reason], 0.0, prefix_hash, warm, None))
+            candidates.append((_REASON_RANK[want.reason], 0.0, prefix_hash, _Kind.WARM, want, False))
             continue
         if state not in (WarmState.WARM, WarmState.STALE):
             continue  # warming (handled above) or failed within its backoff
-        due = keepalive_due_at(record, profile, config)
-        if state is WarmState.STALE or (due is not None and now >= due):
-            stale = MarkStale(box_id, epoch, prefix_hash) if state is WarmState.WARM else None
-            touch = WarmPrefix(box_id, epoch, prefix_hash, tokens, 1, WarmReason.KEEPALIVE, agents)
-            candidates.append((_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, touch, stale))
-            continue
-        verified = record.verified_at if record.verified_at is not None else -math.inf
-        if verified < observed.trusted_after:
-            probe = ProbePrefix(box_id, epoch, prefix_hash, tokens, ProbeReason.UNTRUSTED, agents)
-            candidates.append((_PROBE_RANK, verified, prefix_hash, probe, None))
-        elif box_id in observed.suspect_boxes and now - verified >= config.probe_min_interval_seconds:
-            probe = ProbePrefix(box_id, epoch, prefix_hash, tokens, ProbeReason.SUSPECT, agents)
-            candidates.append((_PROBE_RANK, verified, prefix_hash, probe, None))
+        verified = record.verified_at
+        if state is WarmState.STALE or (verified is not None and now >= verified + not_due_before):
+            due = keepalive_due_at(record, view.profile, config)
+            if state is WarmState.STALE or (due is not None and now >= due):
+                touch = (_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, _Kind.TOUCH, want, True)
+                candidates.append(touch if state is WarmState.WARM else (*touch[:5], False))
+                continue
+        checked = verified if verified is not None else -math.inf
+        if checked < observed.trusted_after:
+            candidates.append((_PROBE_RANK, checked, prefix_hash, _Kind.UNTRUSTED, want, False))
+        elif suspect and now - checked >= config.probe_min_interval_seconds:
+            candidates.append((_PROBE_RANK, checked, prefix_hash, _Kind.SUSPECT, want, False))
+    return candidates
 
+
+def _choose(
+    view: _BoxView, candidates: Sequence[_Candidate], bucket: TokenBucket, budget: WarmBudget
+) -> tuple[list[Action], TokenBucket]:
+    """Highest priority first while request slots and the token bucket allow (`try_spend`'s rule)."""
+    box_id, epoch = view.box_id, view.epoch
     chosen: list[Action] = []
-    slots = budget.max_concurrent - len(busy)
-    for _, _, _, action, stale in sorted(candidates, key=lambda c: c[:3]):
-        if stale is not None:
-            chosen.append(stale)  # a due keepalive is recorded even when the budget defers the touch
+    slots = budget.max_concurrent - len(view.busy)
+    tokens, burst = bucket.tokens, budget.burst_tokens
+    for _, _, prefix_hash, kind, want, stale in candidates:
+        if stale:
+            chosen.append(MarkStale(box_id, epoch, prefix_hash))  # recorded even when the touch is deferred
         if slots <= 0:
             continue
-        cost = action.prefix_tokens * (action.requests if isinstance(action, WarmPrefix) else 1)
-        spent = try_spend(bucket, cost, budget)
-        if spent is None:
+        requests = view.profile.warm_requests_per_prefix if kind is _Kind.WARM else 1
+        cost = want.prefix.tokens * requests
+        if not (cost <= tokens or tokens >= burst):
             continue
-        bucket = spent
+        tokens -= cost
         slots -= 1
-        chosen.append(action)
-    return bookkeeping + chosen, bucket
+        chosen.append(_action(view, kind, want, prefix_hash, requests))
+    return chosen, bucket if tokens == bucket.tokens else replace(bucket, tokens=tokens)
 
 
-# ---------------------------------------------------------------------------------- readiness and routes
-
-
-@dataclass(frozen=True, slots=True)
-class BoxReadiness:
-    ready: bool
-    reasons: tuple[str, ...]  # why not ready (empty when ready)
-    since: float | None  # when the current ready stretch began, when ready
-
-
-def box_ready(
-    box_id: str, desired: Desired, observed: Observed, now: float, config: PlannerConfig
-) -> BoxReadiness:
-    """Ready: healthy, restart warm-up of this epoch done, every kept-warm prefix here believed warm."""
-    seen = observed.boxes.get(box_id)
-    if seen is None or not seen.healthy or seen.epoch is None:
-        return BoxReadiness(False, ("unhealthy",), None)
-    if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
-        return BoxReadiness(False, (f"restart warm-up {seen.warmup.value}",), None)
-    if seen.draining:
-        routing = desired.routing if desired.routing is not None else desired.assignment
-        if not any(box_id in group for group in routing.values()):
-            return BoxReadiness(False, ("drained for a rollout",), None)
-    since = seen.warmup_finished_at
-    wants = _wanted_by_box(desired, active_agents(desired, now, config)).get(box_id, {})
-    reasons: list[str] = []
-    for prefix_hash in sorted(wants):
-        record = observed.warm.get((box_id, seen.epoch, prefix_hash))
-        if record is None or not is_serving(record):
-            state = record.state.value if record is not None else WarmState.COLD.value
-            agents = ", ".join(sorted(wants[prefix_hash].agent_ids))
-            reasons.append(f"agent {agents}: prefix {prefix_hash} {state}")
-        elif record.warmed_at is not None:
-            since = max(since, record.warmed_at)
-    if reasons:
-        return BoxReadiness(False, tuple(reasons), None)
-    return BoxReadiness(True, (), since)
-
-
-def ramp_weight(since: float, now: float, config: PlannerConfig) -> float:
-    """A small slice right after becoming warm, rising linearly to full weight over the ramp."""
-    if config.ramp_seconds <= 0:
-        return 1.0
-    elapsed = max(0.0, now - since)
-    if elapsed >= config.ramp_seconds:
-        return 1.0
-    initial = config.ramp_initial_weight
-    return initial + (1.0 - initial) * elapsed / config.ramp_seconds
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    box_id: str
-    weight: float  # (0, 1]: ramp fraction of full weight
-
-
-def agent_warmth(desired: Desired, observed: Observed) -> dict[tuple[str, str], bool]:
-    """(box, agent) -> whether the agent's current prefix is believed warm in the box's current epoch on a
-    healthy box, for every box the agent should be warm on or routed to (so a 0 always means missing
-    warmth, never a pair nobody wants)."""
-    routing = desired.routing if desired.routing is not None else desired.assignment
-    result: dict[tuple[str, str], bool] = {}
-    for agent_id, prefix in desired.agents.items():
-        for box_id in (*desired.assignment.get(agent_id, ()), *routing.get(agent_id, ())):
-            seen = observed.boxes.get(box_id)
-            record = None
-            if seen is not None and seen.healthy and seen.epoch is not None:
-                record = observed.warm.get((box_id, seen.epoch, prefix.hash))
-            result[(box_id, agent_id)] = record is not None and is_serving(record)
-    return result
-
-
-def routes(
-    desired: Desired,
-    observed: Observed,
-    now: float,
-    config: PlannerConfig,
-    *,
-    only: Collection[str] | None = None,
-) -> dict[str, tuple[Route, ...]]:
-    """Per agent, in spill order: only boxes of its routing group where ITS prefix is believed warm in the
-    box's current epoch after that epoch's restart warm-up; a box losing either drops out at once.
-
-    `only` limits the answer to those agents (unknown ones are left out): a pre-call ask needs one agent's
-    routes, not a pass over every agent of the fleet."""
-    routing = desired.routing if desired.routing is not None else desired.assignment
-    agents = desired.agents if only is None else {a: desired.agents[a] for a in only if a in desired.agents}
-    result: dict[str, tuple[Route, ...]] = {}
-    for agent_id, prefix in agents.items():
-        found: list[Route] = []
-        for box_id in routing.get(agent_id, ()):
-            seen = observed.boxes.get(box_id)
-            if seen is None or not seen.healthy or seen.epoch is None:
-                continue
-            if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
-                continue
-            record = observed.warm.get((box_id, seen.epoch, prefix.hash))
-            if record is None or not is_serving(record) or record.warmed_at is None:
-                continue
-            since = max(seen.warmup_finished_at, record.warmed_at)
-            found.append(Route(box_id, ramp_weight(since, now, config)))
-        result[agent_id] = tuple(found)
-    return result
+def _action(
+    view: _BoxView, kind: _Kind, want: WantedPrefix, prefix_hash: str, requests: int
+) -> WarmPrefix | ProbePrefix:
+    agents = tuple(sorted(want.agent_ids))
+    tokens = want.prefix.tokens
+    if kind is _Kind.WARM:
+        return WarmPrefix(view.box_id, view.epoch, prefix_hash, tokens, requests, want.reason, agents)
+    if kind is _Kind.TOUCH:
+        return WarmPrefix(view.box_id, view.epoch, prefix_hash, tokens, 1, WarmReason.KEEPALIVE, agents)
+    reason = ProbeReason.UNTRUSTED if kind is _Kind.UNTRUSTED else ProbeReason.SUSPECT
+    return ProbePrefix(view.box_id, view.epoch, prefix_hash, tokens, reason, agents)

@@ -22,13 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from warmer.core.agents import (
-    AgentSpec,
-    PlaceholderSite,
-    build_request,
-    placeholder_sites,
-    sample_values,
-)
+from warmer.core.agent_requests import build_request, sample_values
+from warmer.core.agents import AgentSpec, PlaceholderSite, placeholder_sites
 from warmer.core.errors import ConfigError
 from warmer.core.model import Prefix
 

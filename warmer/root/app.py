@@ -1,45 +1,44 @@
-"""The composition root: `build(settings) -> Daemon` wires the HTTP client, the store, the metrics and the API
-from settings; `Daemon.run()` prepares the database, then supervises the named root tasks until a signal.
+"""The composition root: `build(settings) -> Daemon` takes the settings, the HTTP client and the metrics;
+`Daemon.run()` prepares the database, opens the store, builds the reconciler and every service over it,
+then supervises the named root tasks until a signal.
 
 Everything I/O is created here and nowhere else, and every piece is injectable (store factory, database
-preparation, HTTP transport) so tests swap real parts for fakes at our own seams. Later features add their
-root tasks with `daemon.supervisor.add(name, task)` and their API needs as `ApiServices` fields.
+preparation, HTTP transport) so tests swap real parts for fakes at our own seams.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
 
 import httpx
 import uvicorn
 from fastapi import FastAPI
 
 import warmer
-from warmer.adapters.engines.dispatch import EngineDispatcher
-from warmer.adapters.store import SqlStore, current_revision, head_revision, upgrade_database
-from warmer.adapters.store.engine import create_store_engine
-from warmer.adapters.store.filelock import SqliteFileLock, sqlite_database_file
+from warmer.adapters.store.filelock import SqliteFileLock
 from warmer.api import ApiServices, Readiness, create_app
+from warmer.config.fleet_settings import GatewaySettings
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec
-from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, ModelProfile
-from warmer.ports import StorePort
 from warmer.root.capacity import OfflineCallTokens, capacity_config, run_capacity_gauges
+from warmer.root.database import (
+    DatabaseLocker,
+    DatabasePreparer,
+    ManagedStore,
+    StoreFactory,
+    lock_sqlite_file,
+    open_sql_store,
+    prepare_database,
+)
 from warmer.root.deploy import build_deploy_service
 from warmer.root.dialer import DialerWiring
 from warmer.root.discovery import run_discovery
-from warmer.root.engines import SystemClock, build_engine_dispatcher
-from warmer.root.frontdoor import (
-    CurrentFleet,
-    ReconcilerReadiness,
-    ReconcilerSuspects,
-    build_gateway,
-    hitrate_config,
-)
+from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
+from warmer.root.frontdoor import build_gateway, hitrate_config
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
@@ -48,86 +47,22 @@ from warmer.root.supervisor import Supervisor
 from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.gateway_sync import GatewaySync
 from warmer.service.hitrate_monitor import HitRateMonitor
+from warmer.service.prewarm import CallVolumeMeter
 from warmer.service.reconciler import Reconciler
-from warmer.service.restart import RestartWarmup
-from warmer.service.status import (
-    AgentRoutes,
-    BoxView,
-    ReadyView,
-    StatusQueries,
-    StatusService,
-    StatusUnavailable,
-)
+from warmer.service.restart_warmup import RestartWarmup
+from warmer.service.status import StatusService
 
 # How long /readyz waits for the database to answer before calling it unreachable (seconds).
 READINESS_DB_TIMEOUT_SECONDS = 2.0
 
 
-class ManagedStore(StorePort, Protocol):
-    """The store as the root holds it: the port, plus a health check and a close."""
-
-    async def ping(self) -> None: ...
-
-    async def close(self) -> None: ...
-
-
-StoreFactory = Callable[[Settings], ManagedStore]
-DatabasePreparer = Callable[[Settings], None]
-# Takes this daemon's exclusive hold on its database, if it needs one (a SQLite file does); raises when
-# another process holds it. Returns what to release at exit.
-DatabaseLocker = Callable[[Settings], SqliteFileLock | None]
-
-
-class DatabaseNotMigrated(WarmerError):
-    """A server database whose schema is not at this version's head: `warmer db upgrade` first."""
-
-
-def open_sql_store(settings: Settings) -> ManagedStore:
-    """The SQL store for `settings.database` (embedded SQLite unless a URL is configured)."""
-    url = settings.database_url()
-    if settings.database.is_embedded:
-        return SqlStore.from_url(url)
-    engine = create_store_engine(
-        url, pool_size=settings.database.pool_size, pool_timeout=settings.database.pool_timeout_seconds
-    )
-    return SqlStore(engine)
-
-
-def upgrade_schema(settings: Settings) -> str:
-    """Migrate the configured database to head; returns the head revision."""
-    if settings.database.is_embedded:
-        settings.database.state_dir.mkdir(parents=True, exist_ok=True)
-    upgrade_database(settings.database_url())
-    return head_revision()
-
-
-def lock_sqlite_file(settings: Settings) -> SqliteFileLock | None:
-    """Before anything touches a SQLite database file: hold its lock, or refuse to start (DatabaseInUse
-    names the file). A server database is shared by replicas and needs none."""
-    database = sqlite_database_file(settings.database_url())
-    if database is None:
-        return None
-    lock = SqliteFileLock(database)
-    lock.acquire()
-    return lock
-
-
-def prepare_database(settings: Settings) -> None:
-    """Before serving: migrate the embedded SQLite file ourselves (nobody else will); a server database is
-    shared by replicas and migrated deliberately, so only check it is at head."""
-    if settings.database.is_embedded:
-        upgrade_schema(settings)
-        return
-    current, head = current_revision(settings.database_url()), head_revision()
-    if current != head:
-        raise DatabaseNotMigrated(
-            f"database schema is at {current or 'no revision'}, this warmer needs {head}: "
-            "run `warmer db upgrade`"
-        )
-
-
 class Daemon:
-    """The running warmer: API server plus (later) the reconciler and scheduler, as supervised root tasks."""
+    """The running warmer: the API server, the reconciler and its companions, as supervised root tasks.
+
+    `run()` builds it in order: take the database's lock, prepare the database, open the store, build the
+    reconciler and every service over it (`wire`), then start the supervisor's named root tasks. Nothing
+    waits for anything to be built: whatever a task or an API route needs exists before any of them runs.
+    """
 
     def __init__(
         self,
@@ -154,148 +89,136 @@ class Daemon:
         self._database_lock: SqliteFileLock | None = None  # held from start-up to exit
         self._store: ManagedStore | None = None
         self._server: uvicorn.Server | None = None
+        self._api: FastAPI | None = None
         self._log = get_logger(__name__)
-        self.reconciler: Reconciler | None = None  # built once the store is open (a root task)
-        self._reconcile_engines: EngineDispatcher | None = None  # the reconciler's engine client
-        self.hitrate_monitor: HitRateMonitor | None = None  # while its root task runs
         # Prefill ceilings measured by the restart warm-ups' long prefills, per box and epoch.
         self.prefill_ceilings = PrefillCeilings()
-        self.capacity = CapacityService(
-            snapshot=lambda: None if self.reconciler is None else self.reconciler.snapshot(),
-            usage=lambda: self.hitrate_monitor,
-            ceilings=self.prefill_ceilings,
-            profiles=profiles,
-            store=lambda: self._store,
-            clock=SystemClock(),
-            config=capacity_config(settings),
-            per_call_tokens=OfflineCallTokens(lambda: self.agents, profiles),
-            observer=metrics.capacity,
-        )
-        self.dialer = DialerWiring(
-            settings,
-            agents=lambda: self.agents.keys(),
-            store=lambda: self._store,
-            reconciler=lambda: self.reconciler,
-            clock=SystemClock(),
-        )
-        self.api: FastAPI = create_app(
-            ApiServices(
-                registry=metrics.registry,
-                readiness=self.readiness,
-                tokens=tuple(settings.api.tokens),
-                status=_DaemonStatus(self),
-                prewarm=self.dialer.prewarm,
-                campaigns=self.dialer.campaigns,
-                deploy=build_deploy_service(
-                    settings,
-                    store=lambda: self._store,
-                    fleet=lambda: self.reconciler,
-                    clock=SystemClock(),
-                    on_fleet_change=self._fleet_changed,
-                ),
-                max_request_bytes=settings.api.max_request_bytes,
-                webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
-                capacity=self.capacity if self.boxes else None,
-                requests=metrics.http,
-            )
-        )
         self.supervisor = Supervisor(
             grace_seconds=settings.reconcile.shutdown_grace_seconds,
             on_task_failure=lambda name: metrics.root_task_failures.labels(task=name).inc(),
         )
-        self.supervisor.add("api", self._serve_api)
-        if self.boxes or settings.fleet.discovery is not None:  # nothing to reconcile without a fleet
-            self.supervisor.add("reconciler", self._run_reconciler)
-            self.supervisor.add("scheduler", self._run_scheduler)
-            if self.dialer.schedule is not None:
-                self.supervisor.add("schedule", self.dialer.run_schedule)
-            self.supervisor.add("hitrate", self._run_hitrate_monitor)
-            self.supervisor.add("capacity", self._run_capacity_gauges)
-            if settings.fleet.gateway is not None:
-                self.supervisor.add("gateway-sync", self._run_gateway_sync)
-            if settings.fleet.discovery is not None:
-                self.supervisor.add("discovery", self._run_discovery)
 
-    def _fleet_changed(self, boxes: Sequence[BoxSpec]) -> None:
-        """A deploy event added or removed a box: the reconciler's engine client may call exactly these."""
-        if self._reconcile_engines is not None:
-            self._reconcile_engines.register(boxes)
+    @property
+    def has_fleet(self) -> bool:
+        """Configured boxes or discovery: without either there is nothing to reconcile."""
+        return bool(self.boxes) or self.settings.fleet.discovery is not None
 
-    async def _run_reconciler(self, stopping: asyncio.Event) -> None:
-        """The reconcile loop over this daemon's store, engines and config."""
-        engines = build_engine_dispatcher(self.settings, self.http, boxes=self.boxes, profiles=self.profiles)
-        self._reconcile_engines = engines
-        self.reconciler = Reconciler(
+    def wire(self, store: ManagedStore) -> None:
+        """Build the reconciler and every service over the open `store`, and register the root tasks."""
+        settings, clock = self.settings, SystemClock()
+        self._store = store
+        engines = build_engine_dispatcher(settings, self.http, boxes=self.boxes, profiles=self.profiles)
+        meter = CallVolumeMeter(clock, window_seconds=settings.dialer.volume_window_seconds)
+        reconciler = Reconciler(
             engine=engines,
-            store=self.store,
-            clock=SystemClock(),
+            store=store,
+            clock=clock,
             boxes=self.boxes,
             profiles=self.profiles,
             agents=self.agents,
             prefix_source=OfflinePrefixSource(),
-            config=reconciler_config(self.settings),
+            config=reconciler_config(settings),
             observer=self.metrics.reconcile,
-            demand=self.dialer.prewarm.observed_demand,
+            demand=meter.calls_per_minute,
             # The reconciler's default warm-up, plus the long prefill's report for the capacity figures.
             restart=RestartWarmup(
-                engines, self.store, SystemClock(), on_long_prefill=self.prefill_ceilings.record_long_prefill
+                engines, store, clock, on_long_prefill=self.prefill_ceilings.record_long_prefill
             ),
         )
-        try:
-            await self.reconciler.run(stopping)
-        finally:
-            self.reconciler = None
+        dialer = DialerWiring(
+            settings, agents=self.agents.keys, store=store, reconciler=reconciler, meter=meter
+        )
+        monitor = self._hitrate_monitor(reconciler) if self.has_fleet else None
+        capacity = CapacityService(
+            snapshot=reconciler.snapshot,
+            usage=monitor,
+            ceilings=self.prefill_ceilings,
+            profiles=self.profiles,
+            store=store,
+            clock=clock,
+            config=capacity_config(settings),
+            per_call_tokens=OfflineCallTokens(lambda: self.agents, self.profiles),
+            observer=self.metrics.capacity,
+        )
+        self._api = create_app(
+            ApiServices(
+                registry=self.metrics.registry,
+                readiness=self.readiness,
+                tokens=tuple(settings.api.tokens),
+                status=StatusService(reconciler, store),
+                # Without a fleet no reconciler runs: nothing could act on a pre-call ask or a deploy event.
+                prewarm=dialer.prewarm if self.has_fleet else None,
+                campaigns=dialer.campaigns,
+                deploy=build_deploy_service(
+                    settings, store=store, fleet=reconciler, clock=clock, on_fleet_change=engines.register
+                )
+                if self.has_fleet
+                else None,
+                max_request_bytes=settings.api.max_request_bytes,
+                webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
+                capacity=capacity if self.boxes else None,
+                requests=self.metrics.http,
+            )
+        )
 
-    async def _run_discovery(self, stopping: asyncio.Event) -> None:
-        """Engine pods from the Kubernetes API join and leave the running fleet."""
-        discovery = self.settings.fleet.discovery
-        assert discovery is not None  # only added when configured
-        await run_discovery(discovery, self.profiles, lambda: self.reconciler, self._fleet_changed, stopping)
+        self.supervisor.add("api", self._serve_api)
+        if not self.has_fleet:
+            return
+        self.supervisor.add("reconciler", reconciler.run)
+        self.supervisor.add(
+            "scheduler", functools.partial(run_timers, settings, reconciler.poke, reconciler.poll_health)
+        )
+        if dialer.schedule is not None:
+            self.supervisor.add("schedule", dialer.run_schedule)
+        assert monitor is not None  # built with the fleet
+        self.supervisor.add("hitrate", monitor.run)
+        gauges = functools.partial(run_capacity_gauges, capacity, clock, settings.hitrate.poll_seconds)
+        self.supervisor.add("capacity", gauges)
+        if settings.fleet.gateway is not None:
+            self.supervisor.add("gateway-sync", self._gateway_sync(settings.fleet.gateway, reconciler).run)
+        if settings.fleet.discovery is not None:
+            discovery = functools.partial(
+                run_discovery, settings.fleet.discovery, self.profiles, reconciler, engines.register
+            )
+            self.supervisor.add("discovery", discovery)
 
-    async def _run_gateway_sync(self, stopping: asyncio.Event) -> None:
+    def _hitrate_monitor(self, reconciler: Reconciler) -> HitRateMonitor:
+        """Per-box hit rate from the engines' counters; a drop marks the box suspect for the reconciler.
+        Its own engine client, told the fleet's boxes each time it reads them."""
+        engines = build_engine_dispatcher(self.settings, self.http, boxes=self.boxes, profiles=self.profiles)
+
+        def fleet() -> Sequence[BoxSpec]:
+            boxes = tuple(reconciler.fleet().values())
+            engines.register(boxes)
+            return boxes
+
+        return HitRateMonitor(
+            engine=engines,
+            fleet=fleet,
+            clock=SystemClock(),
+            config=hitrate_config(self.settings),
+            observer=self.metrics.hitrate,
+            suspects=reconciler,
+            ready_boxes=reconciler.ready_box_ids,
+        )
+
+    def _gateway_sync(self, gateway: GatewaySettings, reconciler: Reconciler) -> GatewaySync:
         """Register ready boxes with `[fleet.gateway]`, withdraw the others (a router outage is retried)."""
-        gateway = self.settings.fleet.gateway
-        assert gateway is not None  # only added when configured
-        sync = GatewaySync(
+        return GatewaySync(
             gateway=build_gateway(gateway, self.http),
-            fleet=CurrentFleet(lambda: self.reconciler, self.boxes),
-            readiness=ReconcilerReadiness(lambda: self.reconciler),
+            fleet=lambda: tuple(reconciler.fleet().values()),
+            readiness=reconciler,
             clock=SystemClock(),
             interval_seconds=gateway.sync_seconds,
             observer=self.metrics.gateway,
         )
-        await sync.run(stopping)
 
-    async def _run_hitrate_monitor(self, stopping: asyncio.Event) -> None:
-        """Per-box hit rate from the engines' counters; a drop marks the box suspect for the reconciler."""
-        engines = build_engine_dispatcher(self.settings, self.http, boxes=self.boxes, profiles=self.profiles)
-        monitor = HitRateMonitor(
-            engine=engines,
-            fleet=CurrentFleet(lambda: self.reconciler, self.boxes, also=engines.register),
-            clock=SystemClock(),
-            config=hitrate_config(self.settings),
-            observer=self.metrics.hitrate,
-            suspects=ReconcilerSuspects(lambda: self.reconciler),
-            ready_boxes=lambda: self.reconciler.ready_box_ids() if self.reconciler is not None else None,
-        )
-        self.hitrate_monitor = monitor
-        try:
-            await monitor.run(stopping)
-        finally:
-            self.hitrate_monitor = None
-
-    async def _run_capacity_gauges(self, stopping: asyncio.Event) -> None:
-        """The capacity gauges, refreshed once per hit-rate window (when the use figures change)."""
-        await run_capacity_gauges(self.capacity, SystemClock(), self.settings.hitrate.poll_seconds, stopping)
-
-    async def _run_scheduler(self, stopping: asyncio.Event) -> None:
-        """Timers: a reconcile tick every `interval_seconds`, a health poll every `health_poll_seconds`."""
-
-        def poke() -> None:
-            if self.reconciler is not None:
-                self.reconciler.poke()
-
-        await run_timers(self.settings, poke, stopping)
+    @property
+    def api(self) -> FastAPI:
+        """The HTTP app; built by `open()` (or `run()`) once the store is open."""
+        if self._api is None:
+            raise RuntimeError("the API is built once the store is open (Daemon.open)")
+        return self._api
 
     @property
     def store(self) -> ManagedStore:
@@ -351,8 +274,23 @@ class Daemon:
         finally:
             watcher.cancel()
 
+    async def open(self) -> None:
+        """Everything `run()` does before the root tasks start: lock and prepare the database, open the
+        store, build the reconciler, the services and the API. `close()` releases it all."""
+        self._database_lock = self._lock_database(self.settings)
+        await asyncio.to_thread(self._prepare, self.settings)
+        self.wire(self._store_factory(self.settings))
+
+    async def close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+        self._release_database()
+        await self.http.aclose()
+
     async def run(self, *, handle_signals: bool = True) -> int:
-        """Prepare the database, open the store, serve until stopped. Returns the process exit code."""
+        """Prepare the database, open the store, build everything, serve until stopped. Returns the process
+        exit code."""
         # A stop asked for while the database is being prepared ends the start-up cleanly; the supervisor
         # takes the signals over once the root tasks run.
         loop = asyncio.get_running_loop()
@@ -368,15 +306,13 @@ class Daemon:
             stop_asked.cancel()
             if not preparing.done():
                 self._log.info("stopped during start-up")
-                self._release_database()
-                await self.http.aclose()
+                await self.close()
                 return 0
             preparing.result()
-            self._store = self._store_factory(self.settings)
+            self.wire(self._store_factory(self.settings))
         except Exception as exc:
             self._log.error("startup failed", error=f"{type(exc).__name__}: {exc}")
-            self._release_database()
-            await self.http.aclose()
+            await self.close()
             return 1
         finally:
             if handle_signals:
@@ -397,44 +333,9 @@ class Daemon:
         finally:
             self.metrics.up.set(0)
             self.metrics.ready.set(0)
-            store, self._store = self._store, None
-            await store.close()
-            self._release_database()
-            await self.http.aclose()
+            await self.close()
         self._log.info("warmer stopped", exit_code=code, reason=self.supervisor.stop_reason)
         return code
-
-
-class _DaemonStatus:
-    """Status answers while the reconciler runs; 503 (StatusUnavailable) before and after. A daemon
-    without boxes (configured or discovered) answers with an empty fleet."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self._daemon = daemon
-
-    def _service(self) -> StatusQueries | None:
-        if not self._daemon.boxes and self._daemon.settings.fleet.discovery is None:
-            return None
-        reconciler, store = self._daemon.reconciler, self._daemon._store
-        if reconciler is None or store is None:
-            raise StatusUnavailable("the reconciler is not running (daemon starting or stopping)")
-        return StatusService(reconciler, store)
-
-    async def boxes(self) -> list[BoxView]:
-        service = self._service()
-        return [] if service is None else await service.boxes()
-
-    async def box(self, box_id: str) -> BoxView | None:
-        service = self._service()
-        return None if service is None else await service.box(box_id)
-
-    async def ready(self, box_id: str) -> ReadyView | None:
-        service = self._service()
-        return None if service is None else await service.ready(box_id)
-
-    async def routes(self) -> list[AgentRoutes]:
-        service = self._service()
-        return [] if service is None else await service.routes()
 
 
 def build(
@@ -449,13 +350,7 @@ def build(
 ) -> Daemon:
     """Wire a daemon from settings. Nothing starts until `Daemon.run()`."""
     profiles = profiles or {}
-    timeouts = settings.engine_timeouts()
-    http = httpx.AsyncClient(
-        timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
-        transport=transport,
-        follow_redirects=False,  # only ever call registered engine URLs, never where a redirect points
-        headers={"user-agent": f"warmer/{warmer.__version__}"},
-    )
+    http = engine_http_client(settings, transport=transport)
     return Daemon(
         settings=settings,
         profiles=profiles,

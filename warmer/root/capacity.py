@@ -1,8 +1,7 @@
 """Wiring of the capacity figures: settings -> `CapacityService`, the per-call token source, the gauge loop.
 
-The service reads the running reconciler's snapshot and the hit-rate monitor's windows through lookups
-made on every call (both are root tasks that exist only while they run). The gauges are refreshed once per
-hit-rate window, since that is how often the use figures change.
+The service reads the reconciler's snapshot and the hit-rate monitor's windows. The gauges are refreshed
+once per hit-rate window, since that is how often the use figures change.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ async def run_capacity_gauges(
     stop_waiter = asyncio.ensure_future(stopping.wait())
     try:
         while not stopping.is_set():
-            # CapacityUnavailable (the reconciler is not running yet) or a store outage: next period.
+            # a store outage: the next period asks again
             with contextlib.suppress(WarmerError):
                 await service.report()
             timer = asyncio.ensure_future(clock.sleep(period_seconds))

@@ -1,5 +1,5 @@
-"""Wiring of the deploy webhook: settings -> `WebhookConfig`, and a `DeployService` over whichever store and
-reconciler the daemon has at the moment (both come and go with the root tasks)."""
+"""Wiring of the deploy webhook: settings -> `WebhookConfig`, and a `DeployService` over the store and the
+reconciler."""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def webhook_config(settings: Settings) -> WebhookConfig:
 def build_deploy_service(
     settings: Settings,
     *,
-    store: Callable[[], StorePort | None],
-    fleet: Callable[[], FleetControl | None],
+    store: StorePort,
+    fleet: FleetControl,
     clock: Clock,
     on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
 ) -> DeployService:

@@ -1,8 +1,7 @@
 """Wiring of the dialer front doors: the pre-call service, the campaign service, the schedule-file poller.
 
-Built once with the daemon (the API needs the services before anything runs); the store and the reconciler
-exist only while the daemon runs, so both are reached through providers that answer 503 meanwhile. The
-schedule file is read on an APScheduler interval job, as the reconciler's own timers are.
+Built with the rest of the daemon once the store is open, over the reconciler. The schedule file is read on
+an APScheduler interval job, as the reconciler's own timers are.
 """
 
 from __future__ import annotations
@@ -13,56 +12,40 @@ from collections.abc import Callable, Collection
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
 from warmer.config.settings import Settings
-from warmer.ports import Clock, StorePort
+from warmer.ports import StorePort
+from warmer.root.engines import SystemClock
 from warmer.root.logging import get_logger
-from warmer.service.campaigns import (
-    CampaignService,
-    CampaignsUnavailable,
-    ScheduleFileInvalid,
-    ScheduleFileSync,
-)
+from warmer.service.campaigns import CampaignService, ScheduleFileInvalid, ScheduleFileSync
 from warmer.service.prewarm import CallVolumeMeter, PrewarmService, ReconcilerBackend
 from warmer.service.reconciler import Reconciler
 
 
 class DialerWiring:
-    """The pre-call and schedule services of one daemon."""
+    """The pre-call and schedule services of one daemon. `meter` counts pre-call asks (the reconciler
+    reads the same meter as observed demand)."""
 
     def __init__(
         self,
         settings: Settings,
         *,
         agents: Callable[[], Collection[str]],
-        store: Callable[[], StorePort | None],
-        reconciler: Callable[[], Reconciler | None],
-        clock: Clock,
+        store: StorePort,
+        reconciler: Reconciler,
+        meter: CallVolumeMeter,
     ) -> None:
         self._settings = settings
-        self._store = store
-        self._reconciler = reconciler
         self._log = get_logger(__name__)
         dialer = settings.dialer
         self.prewarm = PrewarmService(
-            ReconcilerBackend(reconciler, agents),
-            clock,
+            ReconcilerBackend(reconciler),
+            SystemClock(),
             max_wait_seconds=dialer.prewarm_max_wait_seconds,
-            meter=CallVolumeMeter(clock, window_seconds=dialer.volume_window_seconds),
+            meter=meter,
         )
-        self.campaigns = CampaignService(self._open_store, agents, on_change=self._poke)
+        self.campaigns = CampaignService(store, agents, on_change=reconciler.poke)
         self.schedule: ScheduleFileSync | None = None
         if dialer.schedule_file is not None:
-            self.schedule = ScheduleFileSync(dialer.schedule_file, self._open_store, agents, self._poke)
-
-    def _open_store(self) -> StorePort:
-        store = self._store()
-        if store is None:
-            raise CampaignsUnavailable("the store is not open (daemon starting or stopping)")
-        return store
-
-    def _poke(self) -> None:
-        reconciler = self._reconciler()
-        if reconciler is not None:
-            reconciler.poke()
+            self.schedule = ScheduleFileSync(dialer.schedule_file, store, agents, reconciler.poke)
 
     async def sync_schedule(self) -> None:
         """One read of the schedule file; a bad file is logged and changes nothing."""
@@ -74,8 +57,6 @@ class DialerWiring:
             self._log.error(
                 "schedule file rejected: nothing changed", path=str(self.schedule.path), error=str(exc)
             )
-            return
-        except CampaignsUnavailable:
             return
         if written or deleted:
             self._log.info("schedule file synced", written=written, deleted=deleted)

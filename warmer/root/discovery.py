@@ -1,5 +1,5 @@
 """Wiring of `[fleet.discovery]`: the Kubernetes pod lister over its own HTTP client (the API server's
-CA and the service-account token), feeding the running reconciler's fleet."""
+CA and the service-account token), feeding the reconciler's fleet."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 import httpx
 
 from warmer.adapters.discovery import KubernetesPods, PodTemplate
-from warmer.config.settings import KubernetesDiscoverySettings
+from warmer.config.fleet_settings import KubernetesDiscoverySettings
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.root.engines import SystemClock
+from warmer.root.http import http_client
 from warmer.service.discovery import FleetDiscovery, FleetEditor
 
 
@@ -51,13 +52,13 @@ def pod_source(
 async def run_discovery(
     discovery: KubernetesDiscoverySettings,
     profiles: Mapping[str, ModelProfile],
-    fleet: Callable[[], FleetEditor | None],
+    fleet: FleetEditor,
     on_fleet_change: Callable[[Sequence[BoxSpec]], None],
     stopping: asyncio.Event,
 ) -> None:
     """The `discovery` root task."""
     verify: str | bool = str(discovery.ca_file) if discovery.ca_file is not None else True
-    async with httpx.AsyncClient(verify=verify) as http:
+    async with http_client(verify=verify) as http:
         await FleetDiscovery(
             source=pod_source(discovery, profiles, http),
             fleet=fleet,

@@ -1,7 +1,7 @@
 """Composition of engine traffic: one shared httpx client, one adapter per engine kind, one dispatcher.
 
-Everything is built from settings (timeouts, retry policy, per-box warm concurrency) and the configured
-boxes, so the daemon and one-off CLI commands talk to engines the same way, and only to registered boxes.
+Everything is built from settings (timeouts, retry policy) and the configured boxes, so the daemon and
+one-off CLI commands talk to engines the same way, and only to registered boxes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from warmer.adapters.engines.vllm import VllmEngine
 from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile
 from warmer.ports import EnginePort
+from warmer.root.http import http_client
 
 
 class SystemClock:
@@ -38,15 +39,10 @@ class SystemClock:
 def engine_http_client(
     settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """The shared client for engine traffic. Per-call timeouts are set by the adapters; this is the
-    fallback bound. Redirects are not followed: a box answers at its registered URL or not at all."""
+    """The shared client for engine and gateway traffic. Per-call timeouts are set by the adapters; this
+    is the fallback bound."""
     timeouts = settings.engine_timeouts()
-    return httpx.AsyncClient(
-        transport=transport,
-        timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect),
-        follow_redirects=False,
-        trust_env=False,  # engines are on the fleet network: no proxy from the environment in between
-    )
+    return http_client(timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect), transport=transport)
 
 
 def build_engine_dispatcher(
@@ -68,8 +64,4 @@ def build_engine_dispatcher(
             client, timeouts=timeouts, retry=retry, served_models=served
         ),
     }
-    return EngineDispatcher(
-        engines,
-        warm_concurrency_per_box=settings.reconcile.max_concurrent_warms_per_box,
-        boxes=boxes,
-    )
+    return EngineDispatcher(engines, boxes=boxes)

@@ -1,14 +1,15 @@
 """Wiring of the reconciler: settings -> planner config, the offline prefix source, metrics, and timers.
 
-APScheduler (3.x) lives here and only here: it owns the periodic wake-ups (reconcile tick, health poll);
-the reconciler itself only reacts to `poke()`. Jobs are coroutine functions so they run on the event loop
+APScheduler (3.x) lives here and only here: it owns the periodic wake-ups: a full reconcile pass
+(`poke()`) every interval, and the light health poll (`poll_health()`, which wakes a pass only when a box
+changed) every health interval. Jobs are coroutine functions so they run on the event loop
 (AsyncIOScheduler runs plain functions in a thread pool, where touching an asyncio.Event is unsafe).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -16,9 +17,10 @@ from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
 from warmer.core.model import ModelProfile
-from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.core.planner import PlannerConfig
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
-from warmer.service.reconcile_types import ComputedPrefix, ReconcilerConfig
+from warmer.core.warm_budget import WarmBudget
+from warmer.service.reconciler import ComputedPrefix, ReconcilerConfig
 
 # Smallest uncached-token bucket per box: one long prefix must fit from a full bucket without debt.
 MIN_BURST_TOKENS = 20000.0
@@ -72,11 +74,20 @@ class OfflinePrefixSource:
         return ComputedPrefix(prefix=stable.as_prefix(), engine_version=version)
 
 
-async def run_timers(settings: Settings, poke: Callable[[], None], stopping: asyncio.Event) -> None:
-    """The `scheduler` root task: wake the reconciler every interval and every health poll."""
+async def run_timers(
+    settings: Settings,
+    poke: Callable[[], None],
+    poll_health: Callable[[], Awaitable[None]],
+    stopping: asyncio.Event,
+) -> None:
+    """The `scheduler` root task: a full pass every `interval_seconds`, a health poll every
+    `health_poll_seconds`."""
 
     async def wake() -> None:
         poke()
+
+    async def health() -> None:
+        await poll_health()
 
     scheduler = AsyncIOScheduler(event_loop=asyncio.get_running_loop(), timezone="UTC")
     common = {"coalesce": True, "max_instances": 1, "misfire_grace_time": None}
@@ -89,7 +100,7 @@ async def run_timers(settings: Settings, poke: Callable[[], None], stopping: asy
         **common,
     )
     scheduler.add_job(
-        wake,
+        health,
         "interval",
         seconds=settings.reconcile.health_poll_seconds,
         id="health-poll",

@@ -19,7 +19,7 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from warmer.config.settings import ApiSettings
+from warmer.config.server_settings import ApiSettings
 
 
 class ApiServer(uvicorn.Server):

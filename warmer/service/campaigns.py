@@ -24,10 +24,6 @@ from warmer.core.model import Campaign
 from warmer.ports import StorePort
 
 
-class CampaignsUnavailable(WarmerError):
-    """The store is not open (daemon starting or stopping): HTTP 503."""
-
-
 class ScheduleFileInvalid(WarmerError):
     """The schedule file cannot be read or an entry is wrong; `where` names the entry and field."""
 
@@ -36,15 +32,12 @@ class ScheduleFileInvalid(WarmerError):
         self.where = where
 
 
-StoreProvider = Callable[[], StorePort]
-
-
 class CampaignService:
     """Put / delete / list campaigns; every change is validated first and pokes the reconciler after."""
 
     def __init__(
         self,
-        store: StoreProvider,
+        store: StorePort,
         known_agents: Callable[[], Collection[str]],
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
@@ -55,20 +48,20 @@ class CampaignService:
     async def put(self, draft: CampaignDraft) -> tuple[Campaign, bool]:
         """Validate and store (insert or replace by id). Returns the stored campaign and whether it is new."""
         campaign = build_campaign(draft, self._known_agents())
-        store = self._store()
+        store = self._store
         existing = {c.id for c in await store.list_campaigns()}
         await store.put_campaign(campaign)
         self._on_change()
         return campaign, campaign.id not in existing
 
     async def delete(self, campaign_id: str) -> bool:
-        deleted = await self._store().delete_campaign(campaign_id)
+        deleted = await self._store.delete_campaign(campaign_id)
         if deleted:
             self._on_change()
         return deleted
 
     async def list(self) -> list[Campaign]:
-        return await self._store().list_campaigns()
+        return await self._store.list_campaigns()
 
 
 def read_schedule_file(path: Path, known_agents: Collection[str]) -> list[Campaign]:
@@ -126,7 +119,7 @@ class ScheduleFileSync:
     def __init__(
         self,
         path: Path,
-        store: StoreProvider,
+        store: StorePort,
         known_agents: Callable[[], Collection[str]],
         on_change: Callable[[], None] = lambda: None,
     ) -> None:
@@ -145,7 +138,7 @@ class ScheduleFileSync:
             self.last_error = str(exc)
             raise
         self.last_error = None
-        store = self._store()
+        store = self._store
         stored = {c.id: c for c in await store.list_campaigns()}
         written = await self._write_changed(store, campaigns, stored)
         listed = {c.id for c in campaigns}

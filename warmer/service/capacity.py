@@ -30,12 +30,8 @@ from warmer.core.capacity import (
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName
 from warmer.ports import Clock, StorePort
-from warmer.service.reconcile_types import Snapshot
-from warmer.service.restart import long_prefill_target
-
-
-class CapacityUnavailable(WarmerError):
-    """The reconciler is not running (daemon starting or stopping): no routes to size."""
+from warmer.service.reconciler import Snapshot
+from warmer.service.restart_warmup import long_prefill_target
 
 
 class UncachedRateSource(Protocol):
@@ -104,11 +100,11 @@ class CapacityService:
     def __init__(
         self,
         *,
-        snapshot: Callable[[], Snapshot | None],
-        usage: Callable[[], UncachedRateSource | None],
+        snapshot: Callable[[], Snapshot],
+        usage: UncachedRateSource | None,
         ceilings: PrefillCeilings,
         profiles: Mapping[str, ModelProfile],
-        store: Callable[[], StorePort | None],
+        store: StorePort,
         clock: Clock,
         config: CapacityConfig | None = None,
         per_call_tokens: PerCallTokens | None = None,
@@ -127,9 +123,7 @@ class CapacityService:
 
     async def report(self) -> CapacityReport:
         snapshot = self._snapshot()
-        if snapshot is None:
-            raise CapacityUnavailable("the reconciler is not running (daemon starting or stopping)")
-        source = self._usage()
+        source = self._usage
         rates = dict(source.uncached_rates()) if source is not None else {}
         now = self._clock.monotonic()
         boxes = []
@@ -182,11 +176,8 @@ class CapacityService:
         The record holds no token count. The prompt was sized to 97-100% of the warm-up's target, which is
         at most the context minus the recipe margin and, where the warm-up sizes it from the real prompts,
         at least the longest stable prefix it serves: the smaller of the two is taken."""
-        store = self._store()
-        if store is None:
-            return None
         try:
-            phases = await store.list_phases(box.id, epoch)
+            phases = await self._store.list_phases(box.id, epoch)
         except WarmerError:
             return None  # the store is down: no estimate this time, asked again next time
         for phase in phases:

@@ -6,10 +6,10 @@ Order of checks, and why:
 2. signature over the RAW body and its timestamp (`warmer.core.webhook`) -> UNSIGNED / FORGED / STALE. A
    captured request replayed after the tolerance is STALE (401) whatever its id; nothing else is looked at,
    and nothing is written to the database for an unauthenticated request (it cannot grow the database);
-3. payload shape (`warmer.config.events`, and the agent spec for a prompt change) -> MALFORMED (not JSON) /
-   INVALID (field paths); `box.added` must pass the operator's URL allowlist here;
-4. the reconciler must be running -> UNAVAILABLE (the sender retries; its id is not consumed); a database
-   that does not answer at any later step is UNAVAILABLE too (503 with the reason, never a 500);
+3. payload shape (`warmer.config.webhook_payloads`, and the agent spec for a prompt change) -> MALFORMED
+   (not JSON) / INVALID (field paths); `box.added` must pass the operator's URL allowlist here;
+4. a database that does not answer at any later step -> UNAVAILABLE (503 with the reason, never a 500;
+   the sender retries);
 5. idempotency: the event id is remembered atomically in the store; a repeat (a retry, or a replay within
    the tolerance) is acknowledged as DUPLICATE and changes nothing;
 6. checks against the live fleet (unknown box ids, unknown agent or model) -> INVALID. The id is consumed
@@ -35,7 +35,7 @@ from typing import Protocol
 import structlog
 
 from warmer.config.agents import agent_spec_from_data
-from warmer.config.events import (
+from warmer.config.webhook_payloads import (
     AgentPromptChanged,
     BoxAdded,
     BoxRemoved,
@@ -47,16 +47,10 @@ from warmer.config.events import (
 )
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError, StoreError, WarmerError
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxSpec, LoggedEvent
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent, SignatureOutcome, verify_signature
 from warmer.ports import Clock, StorePort
-
-EVENT_DEPLOY_ACCEPTED = "deploy_event"
-EVENT_DEPLOY_REJECTED = "deploy_event_rejected"
-EVENT_BOX_DRAINED = "box_drained"
-EVENT_BOX_UNDRAINED = "box_undrained"
-EVENT_FLEET_BOX_ADDED = "fleet_box_added"
-EVENT_FLEET_BOX_REMOVED = "fleet_box_removed"
 
 
 class DeployOutcome(enum.StrEnum):
@@ -68,7 +62,7 @@ class DeployOutcome(enum.StrEnum):
     STALE = "stale"  # valid signature, timestamp outside the tolerance (replay)
     MALFORMED = "malformed"  # body is not a JSON object
     INVALID = "invalid"  # fields wrong, or naming boxes/agents the daemon does not have
-    UNAVAILABLE = "unavailable"  # the reconciler is not running (starting or stopping)
+    UNAVAILABLE = "unavailable"  # the database did not answer: nothing changed, the sender retries
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +126,10 @@ class DeployService:
     def __init__(
         self,
         *,
-        store: Callable[[], StorePort | None],
+        store: StorePort,
         clock: Clock,
         config: WebhookConfig,
-        fleet: Callable[[], FleetControl | None],
+        fleet: FleetControl,
         on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
         on_result: Callable[[DeployResult], None] | None = None,
     ) -> None:
@@ -188,13 +182,8 @@ class DeployService:
                 spec = self._agent_spec(event)
             except ConfigError as exc:
                 return self._invalid(event, exc.problems)
-        control, store = self._fleet(), self._store()
-        if control is None or store is None:
-            return DeployResult(
-                DeployOutcome.UNAVAILABLE, "the reconciler is not running; retry", event.id, event.kind
-            )
         try:
-            return await self._remember_and_apply(body, event, spec, control, store)
+            return await self._remember_and_apply(body, event, spec, self._fleet, self._store)
         except StoreError as exc:  # the database blinked: nothing may be half-done silently, so say retry
             return DeployResult(
                 DeployOutcome.UNAVAILABLE, f"{_first_line(exc)}; retry later", event.id, event.kind
@@ -226,7 +215,7 @@ class DeployService:
                 await store.append_event(
                     LoggedEvent(
                         at=now,
-                        kind=EVENT_DEPLOY_REJECTED,
+                        kind=EventKind.DEPLOY_EVENT_REJECTED,
                         detail={"event_id": event.id, "event_kind": event.kind, "problems": problems},
                     )
                 )
@@ -234,7 +223,7 @@ class DeployService:
             await store.append_event(
                 LoggedEvent(
                     at=now,
-                    kind=EVENT_DEPLOY_ACCEPTED,
+                    kind=EventKind.DEPLOY_EVENT,
                     agent_id=event.agent_id if isinstance(event, AgentPromptChanged) else None,
                     detail={
                         "event_id": event.id,
@@ -300,7 +289,9 @@ class DeployService:
             control.drain_boxes(event.box_ids, reason)
             for box_id in event.box_ids:
                 await store.append_event(
-                    LoggedEvent(at=now, kind=EVENT_BOX_DRAINED, box_id=box_id, detail={"event_id": event.id})
+                    LoggedEvent(
+                        at=now, kind=EventKind.BOX_DRAINED, box_id=box_id, detail={"event_id": event.id}
+                    )
                 )
             return {"box_ids": list(event.box_ids)}
         if isinstance(event, RolloutFinished):
@@ -310,7 +301,7 @@ class DeployService:
                 await store.append_event(
                     LoggedEvent(
                         at=now,
-                        kind=EVENT_BOX_UNDRAINED,
+                        kind=EventKind.BOX_UNDRAINED,
                         box_id=box_id,
                         detail={"event_id": event.id, "epoch_tag": tag},
                     )
@@ -325,35 +316,12 @@ class DeployService:
             except WarmerError:
                 self._fleet_changed(before)
                 raise
-            await store.append_event(
-                LoggedEvent(
-                    at=now,
-                    kind=EVENT_FLEET_BOX_ADDED,
-                    box_id=box.id,
-                    detail={
-                        "event_id": event.id,
-                        "base_url": box.base_url,
-                        "engine": box.engine.value,
-                        "model": box.model,
-                        "slots": box.slots,
-                        "group": box.group,
-                    },
-                )
-            )
             return {"box_id": box.id, "base_url": box.base_url}
         assert isinstance(event, BoxRemoved)
         removed = control.fleet()[event.box_id]
         await control.remove_box(event.box_id)
         self._fleet_changed(list(control.fleet().values()))
-        await store.append_event(
-            LoggedEvent(
-                at=now,
-                kind=EVENT_FLEET_BOX_REMOVED,
-                box_id=event.box_id,
-                detail={"event_id": event.id, "base_url": removed.base_url},
-            )
-        )
-        return {"box_id": event.box_id}
+        return {"box_id": event.box_id, "base_url": removed.base_url}
 
     def _fleet_changed(self, boxes: Sequence[BoxSpec]) -> None:
         if self._on_fleet_change is not None:

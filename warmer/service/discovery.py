@@ -52,7 +52,7 @@ class FleetDiscovery:
         self,
         *,
         source: BoxSource,
-        fleet: Callable[[], FleetEditor | None],
+        fleet: FleetEditor,
         clock: Clock,
         interval_seconds: float,
         on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
@@ -73,9 +73,7 @@ class FleetDiscovery:
         return dict(self._owned)
 
     async def sync_once(self) -> DiscoveryReport:
-        editor = self._fleet()
-        if editor is None:
-            return DiscoveryReport(error="the reconciler is not running")
+        editor = self._fleet
         try:
             found = {box.id: box for box in await self._source.list_boxes()}
         except DiscoveryUnavailable as exc:

@@ -21,16 +21,15 @@ import hashlib
 import math
 import random
 from collections import OrderedDict, deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, WarmState
-from warmer.core.planner import Route
+from warmer.core.readiness import Route
 from warmer.ports import Clock
-from warmer.service.reconcile_types import UnknownAgent
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import Reconciler, UnknownAgent
 
 DEFAULT_MAX_WAIT_SECONDS = 10.0
 
@@ -63,7 +62,7 @@ class UnknownPrewarmAgent(WarmerError):
 
 class PrewarmUnavailable(WarmerError):
     """No box can take the agent's call now (none in its group is up and warmed up, its prefix is not
-    computed yet, or the reconciler is not running): HTTP 503 with this reason."""
+    computed yet): HTTP 503 with this reason."""
 
 
 class EnsureAnswer(Protocol):
@@ -361,37 +360,28 @@ class PrewarmService:
 
 
 class ReconcilerBackend:
-    """`PrewarmBackend` over the running reconciler; 503 while there is none (daemon starting/stopping)."""
+    """`PrewarmBackend` over the reconciler."""
 
-    def __init__(
-        self, reconciler: Callable[[], Reconciler | None], agents: Callable[[], Collection[str]]
-    ) -> None:
+    def __init__(self, reconciler: Reconciler) -> None:
         self._reconciler = reconciler
-        self._agents = agents
-
-    def _running(self) -> Reconciler:
-        reconciler = self._reconciler()
-        if reconciler is None:
-            raise PrewarmUnavailable("the reconciler is not running (daemon starting or stopping)")
-        return reconciler
 
     def knows(self, agent_id: str) -> bool:
-        return agent_id in self._agents()
+        return agent_id in self._reconciler.agent_specs()
 
     async def ensure_warm(self, agent_id: str, wait_seconds: float) -> EnsureAnswer:
         try:
-            return await self._running().ensure_warm(agent_id, wait_seconds)
+            return await self._reconciler.ensure_warm(agent_id, wait_seconds)
         except UnknownAgent:
             raise UnknownPrewarmAgent(agent_id) from None
 
     def routes_for(self, agent_id: str) -> Sequence[Route]:
-        return self._running().agent_routes(agent_id)
+        return self._reconciler.agent_routes(agent_id)
 
     def fleet(self) -> Mapping[str, BoxSpec]:
-        return self._running().fleet()
+        return self._reconciler.fleet()
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
-        return self._running().prefix_slot(agent_id, box_id)
+        return self._reconciler.prefix_slot(agent_id, box_id)
 
     async def recheck(self, box_id: str) -> None:
-        await self._running().recheck_box(box_id)
+        await self._reconciler.recheck_box(box_id)

@@ -14,14 +14,13 @@ from typing import Protocol
 
 from warmer.core.errors import WarmerError
 from warmer.core.model import PhaseRecord, WarmState
-from warmer.core.planner import Route, box_ready, ramp_weight
+from warmer.core.readiness import Route, box_ready, ramp_weight
 from warmer.ports import StorePort
-from warmer.service.reconcile_types import Snapshot
-from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler import Reconciler, Snapshot
 
 
 class StatusUnavailable(WarmerError):
-    """The reconciler is not running yet (daemon starting) or any more (stopping): answer 503."""
+    """The API was built without box status (`ApiServices.status` unset): answer 503."""
 
 
 @dataclass(frozen=True, slots=True)

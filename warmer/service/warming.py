@@ -25,6 +25,7 @@ from warmer.core.errors import EngineError
 from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, ModelProfile, Prefix
 from warmer.core.warmstate import hit_granularity, is_verified, report_contradiction
 from warmer.ports import Clock, EnginePort
+from warmer.testing import probe_suffix
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,9 @@ class WarmOutcome:
     block_source: str = "profile"  # where `block_tokens` came from (the server's report, else the profile)
     ranks: int = 1  # data-parallel ranks warmed and probed (each has its own cache)
     slot: int | None = None  # the engine slot the last request ran in, where the engine has slots
+    # False: the engine could not be asked (transport, status, an unreadable answer), so nothing is known
+    # of its cache; not verified, yet no evidence of an eviction either
+    answered: bool = True
 
     def describe(self) -> str:
         cached = "?" if self.cached_tokens is None else str(self.cached_tokens)
@@ -84,7 +88,7 @@ class WarmExecutor:
         self._nonce = nonce
 
     def _probe_suffix(self) -> str:
-        return f"\n#probe {self._nonce()}"
+        return probe_suffix(self._nonce())
 
     async def _layout(self, box: BoxSpec) -> CacheLayout:
         """What the server reports about its cache; nothing (profile fallback) when it cannot say."""
@@ -191,9 +195,8 @@ class WarmExecutor:
                 if not self._judge(run, await self._probe_report(box, prefix, run, rank)):
                     return run.outcome(self._clock.monotonic(), verified=False, reason=run.miss_reason(1))
         except EngineError as exc:
-            return run.outcome(
-                self._clock.monotonic(), verified=False, reason=run.ranked(f"engine error: {exc}")
-            )
+            reason = run.ranked(f"engine error: {exc}")
+            return run.outcome(self._clock.monotonic(), verified=False, reason=reason, answered=False)
         return run.outcome(self._clock.monotonic(), verified=True)
 
     async def _probe_report(
@@ -282,7 +285,9 @@ class _Run:
             f" (need >= {self.prefix_tokens - self.block_tokens}) after {rounds} round(s){note}"
         )
 
-    def outcome(self, now: float, *, verified: bool, reason: str | None = None) -> WarmOutcome:
+    def outcome(
+        self, now: float, *, verified: bool, reason: str | None = None, answered: bool = True
+    ) -> WarmOutcome:
         return WarmOutcome(
             box_id=self.box.id,
             prefix_hash=self.prefix.hash,
@@ -298,4 +303,5 @@ class _Run:
             block_source=self.block_source,
             ranks=self.ranks,
             slot=self.slot,
+            answered=answered,
         )

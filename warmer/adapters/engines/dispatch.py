@@ -1,8 +1,7 @@
-"""One EnginePort for the whole fleet: delegates on `box.engine`, bounds warm traffic per box."""
+"""One EnginePort for the whole fleet: delegates on `box.engine`, and calls only registered boxes."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 
 from warmer.core.errors import EngineError, NotSupported
@@ -21,9 +20,8 @@ from warmer.ports import EnginePort
 class EngineDispatcher:
     """EnginePort that routes each call to the adapter for the box's engine kind.
 
-    Warm requests (`complete_prefix`) take a per-box semaphore so warming never becomes a box's load,
-    however many prefixes, agents or callers want it at once. Restart warm-up requests
-    (`complete_prompt`) are not throttled here: their bursts must reach the slot count on purpose.
+    Warm traffic is bounded per box by the box's warm budget where the reconciler runs it
+    (`PlannerConfig.budget_for`), not here: one bound, so a box's budget is what it gets.
 
     With `boxes` given, only those boxes (same id and base URL) are ever called: the daemon talks only to
     engines registered in its fleet.
@@ -33,14 +31,9 @@ class EngineDispatcher:
         self,
         engines: Mapping[EngineKind, EnginePort],
         *,
-        warm_concurrency_per_box: int = 1,
         boxes: Iterable[BoxSpec] | None = None,
     ) -> None:
-        if warm_concurrency_per_box < 1:
-            raise ValueError(f"warm_concurrency_per_box must be >= 1, got {warm_concurrency_per_box}")
         self._engines = dict(engines)
-        self._limit = warm_concurrency_per_box
-        self._semaphores: dict[str, asyncio.Semaphore] = {}
         self._registered: dict[str, str] | None = None
         if boxes is not None:
             self.register(boxes)
@@ -59,12 +52,6 @@ class EngineDispatcher:
                 box.id, f"no adapter configured for engine kind {box.engine.value!r}"
             ) from None
 
-    def warm_slots(self, box_id: str) -> asyncio.Semaphore:
-        semaphore = self._semaphores.get(box_id)
-        if semaphore is None:
-            semaphore = self._semaphores[box_id] = asyncio.Semaphore(self._limit)
-        return semaphore
-
     async def health(self, box: BoxSpec) -> bool:
         return await self._engine(box).health(box)
 
@@ -82,14 +69,11 @@ class EngineDispatcher:
         rank: int | None = None,
     ) -> CompletionReport:
         engine = self._engine(box)
-        async with self.warm_slots(box.id):
-            if rank is None:
-                return await engine.complete_prefix(
-                    box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot
-                )
-            return await engine.complete_prefix(
-                box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot, rank=rank
-            )
+        if rank is None:
+            return await engine.complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot)
+        return await engine.complete_prefix(
+            box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot, rank=rank
+        )
 
     async def complete_prompt(
         self,

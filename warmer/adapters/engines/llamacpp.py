@@ -32,7 +32,6 @@ from collections.abc import Sequence
 
 from warmer.adapters.engines.base import (
     EngineAdapter,
-    JsonObject,
     check_cached_within_prompt,
     count_field,
     dig,
@@ -44,6 +43,7 @@ from warmer.adapters.engines.base import (
     token_list,
     unsupported_when_rejected,
 )
+from warmer.adapters.engines.http import JsonObject
 from warmer.core.errors import NotSupported
 from warmer.core.model import BoxCapacity, BoxSpec, CompletionReport, EngineKind, Prefix
 

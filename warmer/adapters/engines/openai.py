@@ -33,15 +33,13 @@ import httpx
 
 from warmer.adapters.engines.base import (
     EngineAdapter,
-    EngineRejected,
-    JsonObject,
-    RestartWatch,
-    box_url,
     check_cached_within_prompt,
     count_field,
     dig,
     reject_error_body,
 )
+from warmer.adapters.engines.http import EngineRejected, JsonObject, box_url
+from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import (
     BoxSpec,

@@ -46,9 +46,6 @@ import httpx
 
 from warmer.adapters.engines.base import (
     EngineAdapter,
-    EngineRejected,
-    JsonObject,
-    RestartWatch,
     check_cached_within_prompt,
     count_field,
     fingerprint_digest,
@@ -56,6 +53,8 @@ from warmer.adapters.engines.base import (
     optional_seconds,
     reject_error_body,
 )
+from warmer.adapters.engines.http import EngineRejected, JsonObject
+from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.core.errors import EngineUnavailable, NotSupported
 from warmer.core.model import (
     BoxSpec,

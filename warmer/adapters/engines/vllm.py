@@ -24,12 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from warmer.adapters.engines.base import (
-    JsonObject,
     process_start_time,
     string_field,
     token_list,
     unsupported_when_rejected,
 )
+from warmer.adapters.engines.http import JsonObject
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.core.model import BoxSpec, CacheLayout, EngineKind, Prefix
 from warmer.core.promtext import Sample

@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from warmer.adapters.store.engine import normalize_database_url
 from warmer.adapters.store.tables import PrefixVersionRow
 from warmer.core.errors import StoreUnavailable
-from warmer.core.lint import TokenCountObservation
+from warmer.core.tokenizer_drift import TokenCountObservation
 
 HistoryKey = tuple[str, str]  # (model, prefix text hash)
 

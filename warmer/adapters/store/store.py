@@ -4,6 +4,9 @@ The ORM work is synchronous and runs in a worker thread (`asyncio.to_thread`), o
 call: no async driver to install, and the event loop never waits on disk or the network. Writes that
 must not race (upserts, idempotency keys) lean on the database's own constraints, so several daemon
 replicas on one PostgreSQL stay correct.
+
+Size: the StorePort over SQL is one class with one method per port call (about twenty), each one short
+transaction through the same plumbing at the bottom; apart, the methods would lose the one rule they share.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from warmer.adapters.store.tables import (
     WebhookEventRow,
 )
 from warmer.core.errors import StoreError, StoreUnavailable
-from warmer.core.lint import TokenCountObservation
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import (
     BoxSpec,
     Campaign,
@@ -48,16 +51,11 @@ from warmer.core.model import (
     WarmState,
     prefix_hash,
 )
+from warmer.core.tokenizer_drift import TokenCountObservation
 
 T = TypeVar("T")
 
 # Event kinds this store appends by itself, next to whatever the services log.
-EVENT_BOX_ADDED = "box_added"
-EVENT_BOX_REMOVED = "box_removed"
-EVENT_EPOCH_CHANGED = "epoch_changed"
-EVENT_PREFIX_VERSION = "prefix_version"
-EVENT_WARM_TRANSITION = "warm_transition"
-EVENT_WARM_DROPPED = "warm_dropped"
 
 
 class SqlStore:
@@ -97,7 +95,7 @@ class SqlStore:
         now = self._now()
 
         def work(session: Session) -> None:
-            existing = set(session.scalars(select(BoxRow.id)))
+            existing = {box_id: url for box_id, url in session.execute(select(BoxRow.id, BoxRow.base_url))}
             for box in boxes:
                 self._upsert(
                     session,
@@ -115,12 +113,21 @@ class SqlStore:
                     keys=["id"],
                 )
                 if box.id not in existing:
-                    session.add(EventRow(at=now, kind=EVENT_BOX_ADDED, box_id=box.id, detail={}))
-            removed = sorted(existing - seen)
+                    # the one row of this fact, whatever added the box (config, deploy event, discovery)
+                    detail = {"base_url": box.base_url, "engine": str(box.engine), "model": box.model,
+                              "slots": box.slots, "group": box.group}  # fmt: skip
+                    session.add(EventRow(at=now, kind=EventKind.BOX_ADDED, box_id=box.id, detail=detail))
+            removed = sorted(set(existing) - seen)
             if removed:
                 session.execute(delete(BoxRow).where(BoxRow.id.in_(removed)))
                 session.add_all(
-                    EventRow(at=now, kind=EVENT_BOX_REMOVED, box_id=box_id, detail={}) for box_id in removed
+                    EventRow(
+                        at=now,
+                        kind=EventKind.BOX_REMOVED,
+                        box_id=box_id,
+                        detail={"base_url": existing[box_id]},
+                    )
+                    for box_id in removed
                 )
 
         await self._run(work, write=True)
@@ -147,7 +154,7 @@ class SqlStore:
             session.add(
                 EventRow(
                     at=at,
-                    kind=EVENT_EPOCH_CHANGED,
+                    kind=EventKind.EPOCH_CHANGED,
                     box_id=box_id,
                     epoch=epoch,
                     detail={"previous": previous},
@@ -199,7 +206,7 @@ class SqlStore:
                 session.add(
                     EventRow(
                         at=at,
-                        kind=EVENT_PREFIX_VERSION,
+                        kind=EventKind.PREFIX_VERSION,
                         agent_id=agent_id,
                         prefix_hash=id_hash,
                         detail={
@@ -269,7 +276,7 @@ class SqlStore:
             session.add(
                 EventRow(
                     at=record.updated_at,
-                    kind=EVENT_WARM_TRANSITION,
+                    kind=EventKind.WARM_TRANSITION,
                     box_id=record.box_id,
                     epoch=record.epoch,
                     prefix_hash=record.prefix_hash,
@@ -304,7 +311,7 @@ class SqlStore:
             session.add(
                 EventRow(
                     at=self._now(),
-                    kind=EVENT_WARM_DROPPED,
+                    kind=EventKind.WARM_DROPPED,
                     box_id=box_id,
                     epoch=keep_epoch,
                     detail={"records": dropped, "epochs": sorted(doomed)},

@@ -1,7 +1,6 @@
 """Raising tokenizer drift when an agent's prefix is (re)computed.
 
-Kept out of the reconciler's loop because it only needs the store's token-count history, a threshold and
-somewhere to report: the pure comparison is `warmer.core.lint`; this is the part that reads the history,
+The pure comparison is `warmer.core.lint`; this is the part that reads the store's token-count history,
 logs, writes the event and counts it.
 """
 
@@ -10,12 +9,11 @@ from __future__ import annotations
 import structlog
 
 from warmer.core.agents import AgentSpec
-from warmer.core.lint import TokenCountObservation, detect_tokenizer_drift, drift_baseline
+from warmer.core.event_kinds import EventKind
 from warmer.core.model import LoggedEvent, prefix_hash
+from warmer.core.tokenizer_drift import TokenCountObservation, detect_tokenizer_drift, drift_baseline
 from warmer.ports import StorePort
-from warmer.service.reconcile_types import ComputedPrefix, ReconcileObserver
-
-EVENT_TOKENIZER_DRIFT = "tokenizer_drift"
+from warmer.service.reconciler.types import ComputedPrefix, ReconcileObserver
 
 
 class TokenizerDriftCheck:
@@ -63,7 +61,7 @@ class TokenizerDriftCheck:
             "message": finding.message,
         }
         self._log.warning(
-            EVENT_TOKENIZER_DRIFT,
+            EventKind.TOKENIZER_DRIFT,
             agent=agent_id,
             prefix=prefix.hash,
             change_pct=round(change * 100, 2),
@@ -71,7 +69,11 @@ class TokenizerDriftCheck:
         )
         await self._store.append_event(
             LoggedEvent(
-                at=now, kind=EVENT_TOKENIZER_DRIFT, agent_id=agent_id, prefix_hash=prefix.hash, detail=detail
+                at=now,
+                kind=EventKind.TOKENIZER_DRIFT,
+                agent_id=agent_id,
+                prefix_hash=prefix.hash,
+                detail=detail,
             )
         )
         self._observer.tokenizer_drift(agent_id, model, change)

@@ -1,8 +1,8 @@
 """The reconciler's vocabulary: its configuration, what it asks of its collaborators (prefix source,
 metrics observer) and the values it hands out (snapshots, readiness reports, pre-call answers).
 
-Kept apart from `warmer.service.reconciler` so the loop's module is only the loop, and so callers that
-need just these types (the root, status, prewarm, tests, benchmarks) can read them on one page.
+On one page so callers that need just these types (the root, status, prewarm, tests, benchmarks) read
+them without the loop; `warmer.service.reconciler` re-exports them.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Protocol
 
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
-from warmer.core.lint import DEFAULT_DRIFT_THRESHOLD
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
-from warmer.core.planner import Desired, Observed, PlannerConfig, Route, WarmKey, WarmupStatus, routes
+from warmer.core.planner import Desired, Observed, PlannerConfig, WarmKey, WarmupStatus
+from warmer.core.readiness import Route, routes
+from warmer.core.tokenizer_drift import DEFAULT_DRIFT_THRESHOLD
 
 
 class UnknownAgent(WarmerError):
@@ -45,7 +46,8 @@ class ReconcileObserver(Protocol):
     """Where the reconciler reports what metrics count (the root implements it with Prometheus)."""
 
     def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
-        """`kind` is warm or probe; `outcome` verified, failed or cold."""
+        """`kind` is warm or probe; `outcome` verified, failed, cold, or unknown (a probe that could not
+        ask the engine)."""
         ...
 
     def warm_tokens(self, box_id: str, tokens: int) -> None:

@@ -1,5 +1,8 @@
 """Deploy webhook payloads: one model per event kind, validated with field paths in every error.
 
+They sit in `config` beside the settings they reuse (`BoxSettings` for `box.added`): validated pydantic
+input, which the pure core (`warmer.core.webhook`: signatures and the URL rule) must not hold.
+
 Every event carries `id` (idempotency key: a repeat is acknowledged and changes nothing) and
 `occurred_at` (RFC 3339 or unix seconds). Kinds:
 
@@ -30,7 +33,8 @@ from pydantic import (
     field_validator,
 )
 
-from warmer.config.settings import BoxSettings, validation_problems
+from warmer.config.fleet_settings import BoxSettings
+from warmer.config.settings import validation_problems
 from warmer.core.jsonbody import JsonBodyRejected, parse_json_body
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent

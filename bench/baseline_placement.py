@@ -1,55 +1,20 @@
-"""Prefix-affinity placement: every agent gets an ordered group of boxes of its model.
-
-Why rendezvous (HRW) hashing: each agent ranks boxes by a stable pseudo-random score, so adding or removing
-a box only moves the agents whose top of the ranking that box enters or leaves — the caches elsewhere stay
-useful. Scores use a stable hash (blake2b seeds + a 64-bit mix), never Python's salted `hash()`.
-
-Why two levels ("skeleton" HRW): a flat ranking costs one hash per (agent, box) — 10^8 for 20,000 agents on
-5,000 boxes. Instead every box falls into one of a fixed number of hash buckets (by its own id, so the
-bucket never changes), the agent ranks the buckets, then ranks boxes inside a bucket only when it gets
-there. Each agent's ranking is still one fixed total order over all possible box ids (bucket rank, then box
-rank), so the stability guarantees of flat HRW hold exactly; the price is a slight load skew between boxes
-in small and large buckets, which the per-box caps absorb by spilling.
-
-Caps are hard: at most `max_agents_per_box` distinct agents per box, no more distinct prefixes than the box's
-`prefix_capacity` and no more distinct prefix tokens than its `cache_capacity_tokens` when known (the
-engine's own figures, `BoxCapacity`): a box asked to hold more than fits evicts what was just warmed.
-Coverage comes before spill room: every agent gets one box before any agent gets a second. An agent that
-fits nowhere is reported unplaced with a reason.
+"""The placement algorithm as it was before the ranking cache and incremental placement: the baseline
+`bench.plan_scale` measures the current `warmer.core.placement.place` against (and checks it gives the same
+groups). Kept verbatim, apart from importing the public input types from the current module.
 """
 
 from __future__ import annotations
 
 import array
-import enum
-import hashlib
 import heapq
-import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from warmer.core.model import BoxSpec
+from warmer.core.placement import AgentDemand, Placement, PlacementConfig, UnplacedReason, stable_seed
 
 _MASK64 = (1 << 64) - 1
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
-
-
-def stable_seed(*parts: str) -> int:
-    """A 64-bit value from strings that is the same in every process (unlike `hash()`)."""
-    digest = hashlib.blake2b(digest_size=8, person=b"warmer-place")
-    for part in parts:
-        encoded = part.encode()
-        digest.update(len(encoded).to_bytes(4, "little"))
-        digest.update(encoded)
-    return int.from_bytes(digest.digest(), "little")
-
-
-def mix64(value: int) -> int:
-    """SplitMix64's finalizer: turns `agent_seed ^ box_seed` into a well-spread score, cheaply."""
-    value = ((value ^ (value >> 30)) * _MIX1) & _MASK64
-    value = ((value ^ (value >> 27)) * _MIX2) & _MASK64
-    return value ^ (value >> 31)
 
 
 _LANE_BITS = 128  # a 64-bit score times a 64-bit constant fits in one lane without carrying into the next
@@ -100,93 +65,6 @@ class _Lanes:
         if len(top) < self._count:
             for key in sorted(scores, reverse=True)[len(top) :]:
                 yield key & index_mask
-
-
-@dataclass(frozen=True, slots=True)
-class AgentDemand:
-    """What placement needs to know about one agent."""
-
-    agent_id: str
-    model: str
-    prefix_tokens: int
-    calls_per_minute: float = 0.0  # configured or observed volume; sizes the group
-    group_size: int | None = None  # a configured size wins over volume
-    prefix_hash: str = ""  # agents with the same prefix share one cache entry on a box
-
-    def __post_init__(self) -> None:
-        if not self.agent_id:
-            raise ValueError("agent_id must not be empty")
-        if self.prefix_tokens < 0:
-            raise ValueError(f"{self.agent_id}: prefix_tokens must be >= 0")
-        if self.calls_per_minute < 0:
-            raise ValueError(f"{self.agent_id}: calls_per_minute must be >= 0")
-        if self.group_size is not None and self.group_size < 1:
-            raise ValueError(f"{self.agent_id}: group_size must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementConfig:
-    max_agents_per_box: int = 8
-    min_group_size: int = 2  # spill room even for a quiet agent
-    max_group_size: int = 8
-    calls_per_minute_per_box: float = 30.0  # volume one box absorbs for one agent; busier agents get more
-    dedicated_calls_per_minute: float | None = None  # at or above this, the agent's boxes serve it alone
-    hash_buckets: int = 64  # fixed forever for a fleet: changing it reshuffles everything
-
-    def __post_init__(self) -> None:
-        if self.max_agents_per_box < 1:
-            raise ValueError("max_agents_per_box must be >= 1")
-        if self.min_group_size < 1:
-            raise ValueError("min_group_size must be >= 1")
-        if self.max_group_size < self.min_group_size:
-            raise ValueError("max_group_size must be >= min_group_size")
-        if self.calls_per_minute_per_box <= 0:
-            raise ValueError("calls_per_minute_per_box must be > 0")
-        if self.dedicated_calls_per_minute is not None and self.dedicated_calls_per_minute <= 0:
-            raise ValueError("dedicated_calls_per_minute must be > 0")
-        if self.hash_buckets < 1:
-            raise ValueError("hash_buckets must be >= 1")
-
-    def wanted_group_size(self, agent: AgentDemand) -> int:
-        """Configured size, else enough boxes for the agent's volume, within [min, max]."""
-        if agent.group_size is not None:
-            return agent.group_size
-        by_volume = math.ceil(agent.calls_per_minute / self.calls_per_minute_per_box)
-        return max(self.min_group_size, min(self.max_group_size, by_volume))
-
-    def is_dedicated(self, agent: AgentDemand) -> bool:
-        threshold = self.dedicated_calls_per_minute
-        return threshold is not None and agent.calls_per_minute >= threshold
-
-
-class UnplacedReason(enum.StrEnum):
-    NO_BOXES = "no_boxes"  # no eligible box serves the agent's model
-    CAPACITY = "capacity"  # boxes exist but every one is at its agent cap or cache capacity
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Agent -> ordered box group (first = preferred, the rest = spill order), plus who did not fit."""
-
-    groups: Mapping[str, tuple[str, ...]]
-    wanted: Mapping[str, int]
-    unplaced: Mapping[str, UnplacedReason] = field(default_factory=dict)
-    dedicated: frozenset[str] = frozenset()
-
-    def short(self) -> dict[str, int]:
-        """Agents placed on fewer boxes than they want -> how many boxes are missing."""
-        return {
-            agent: self.wanted[agent] - len(group)
-            for agent, group in self.groups.items()
-            if len(group) < self.wanted[agent]
-        }
-
-    def agents_by_box(self) -> dict[str, list[str]]:
-        by_box: dict[str, list[str]] = {}
-        for agent, group in self.groups.items():
-            for box in group:
-                by_box.setdefault(box, []).append(agent)
-        return by_box
 
 
 class _ModelBoxes:
@@ -286,7 +164,7 @@ class _Fill:
         return {agent_id: tuple(chosen) for agent_id, chosen in self.chosen.items() if chosen}
 
 
-def place(
+def baseline_place(
     boxes: Sequence[BoxSpec],
     agents: Sequence[AgentDemand],
     config: PlacementConfig | None = None,
@@ -414,126 +292,3 @@ def _excluding(incumbents: Sequence[str], ranking: Iterator[str]) -> Iterator[st
 def _chain(first: Sequence[str], rest: Iterator[str]) -> Iterator[str]:
     yield from first
     yield from rest
-
-
-@dataclass(frozen=True, slots=True)
-class Movement:
-    """How much a placement change disturbs caches: (agent, box) memberships lost from `before`."""
-
-    memberships_before: int
-    memberships_moved: int
-    agents_compared: int
-    agents_changed: int
-
-    @property
-    def fraction_moved(self) -> float:
-        return self.memberships_moved / self.memberships_before if self.memberships_before else 0.0
-
-
-def movement(before: Mapping[str, Sequence[str]], after: Mapping[str, Sequence[str]]) -> Movement:
-    """Compare two assignments (agent -> boxes); order inside a group is ignored (it is spill order only)."""
-    total = moved = changed = 0
-    for agent, old in before.items():
-        old_set = set(old)
-        new_set = set(after.get(agent, ()))
-        lost = len(old_set - new_set)
-        total += len(old_set)
-        moved += lost
-        if old_set != new_set:
-            changed += 1
-    return Movement(
-        memberships_before=total, memberships_moved=moved, agents_compared=len(before), agents_changed=changed
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class Handover:
-    """Move-before-switch, per agent.
-
-    routing: boxes traffic may use now (new boxes only once the agent's prefix is warm there);
-    keep_warm: boxes whose copy of the prefix must be warmed or kept warm (target + old ones still serving);
-    pending: target boxes still warming, not yet routed to.
-    """
-
-    routing: Mapping[str, tuple[str, ...]]
-    keep_warm: Mapping[str, tuple[str, ...]]
-    pending: Mapping[str, tuple[str, ...]]
-
-
-def handover(
-    previous: Mapping[str, Sequence[str]],
-    target: Mapping[str, Sequence[str]],
-    prefix_of: Mapping[str, str],
-    warm: Collection[tuple[str, str]],
-    *,
-    existing: Collection[str] | None = None,
-) -> Handover:
-    """The effective assignment while moving from `previous` to `target`.
-
-    `warm` holds (box id, prefix hash) pairs verified warm; `prefix_of` maps agent -> its prefix hash;
-    `existing` (default: everything) lists boxes still in the fleet, so a deleted box is never retained.
-    A new box joins an agent's routing only once that agent's prefix is warm on it; old boxes stay (as the
-    last spill entries) until every new box has joined. An agent with no target group keeps its old boxes:
-    running short of capacity must not cut its only warm route.
-    """
-    still_there = set(existing) if existing is not None else None
-    routing: dict[str, tuple[str, ...]] = {}
-    keep_warm: dict[str, tuple[str, ...]] = {}
-    pending: dict[str, tuple[str, ...]] = {}
-    for agent in set(previous) | set(target):
-        old = [b for b in previous.get(agent, ()) if still_there is None or b in still_there]
-        new = list(target.get(agent, ()))
-        prefix = prefix_of.get(agent)
-        old_set = set(old)
-        joined = [b for b in new if b in old_set or (prefix is not None and (b, prefix) in warm)]
-        waiting = [b for b in new if b not in joined]
-        retained = [b for b in old if b not in set(new)] if (waiting or not new) else []
-        routing[agent] = tuple(joined + retained)
-        keep_warm[agent] = tuple(new + retained)
-        if waiting:
-            pending[agent] = tuple(waiting)
-    return Handover(routing=routing, keep_warm=keep_warm, pending=pending)
-
-
-def fit_to_capacity(
-    moving: Handover,
-    target: Mapping[str, Sequence[str]],
-    prefix_of: Mapping[str, str],
-    boxes: Mapping[str, BoxSpec],
-    priority: Mapping[str, float],
-) -> Handover:
-    """Drop retained (old) memberships that would make a box hold more prefixes than it can.
-
-    `place` keeps the target within every box's capacity, but move-before-switch keeps an agent's old boxes
-    serving until its new ones are warm; on a box that is full with its new agents, such a retained prefix
-    is evicted by the next warm while still routed. So the quietest retained agents (`priority`: calls per
-    minute, lowest first) leave such a box at once, from both routing and keep-warm.
-    """
-    held: dict[str, set[str]] = {}
-    retained: list[tuple[float, str, str]] = []  # (priority, agent, box)
-    for agent, group in moving.keep_warm.items():
-        wanted = set(target.get(agent, ()))
-        prefix = prefix_of.get(agent, f"agent:{agent}")
-        for box_id in group:
-            if box_id in wanted:
-                held.setdefault(box_id, set()).add(prefix)
-            else:
-                retained.append((priority.get(agent, 0.0), agent, box_id))
-    dropped: set[tuple[str, str]] = set()
-    for _, agent, box_id in sorted(retained, key=lambda item: (-item[0], item[1])):
-        prefix = prefix_of.get(agent, f"agent:{agent}")
-        on_box = held.setdefault(box_id, set())
-        limit = boxes[box_id].prefix_capacity if box_id in boxes else None
-        if prefix in on_box or limit is None or len(on_box) < limit:
-            on_box.add(prefix)
-        else:
-            dropped.add((agent, box_id))
-    if not dropped:
-        return moving
-
-    def without(groups: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-        return {agent: tuple(b for b in g if (agent, b) not in dropped) for agent, g in groups.items()}
-
-    return Handover(
-        routing=without(moving.routing), keep_warm=without(moving.keep_warm), pending=moving.pending
-    )

@@ -1,0 +1,142 @@
+"""What the fleet is: `[fleet]` with its boxes, the gateway in front of them and Kubernetes discovery."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from warmer.config.section import Section, http_url
+from warmer.core.model import EngineKind
+
+
+class BoxSettings(Section):
+    id: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Stable box name (letters, digits, . _ -): used in URLs, metric labels, the database.",
+    )
+    base_url: str = Field(
+        description="Engine root URL, e.g. http://10.0.0.5:30000 (no /v1). The only URLs warmer ever calls."
+    )
+    engine: EngineKind = Field(description="Engine dialect: sglang, vllm, llamacpp or openai.")
+    model: str = Field(
+        min_length=1, description="Name of a model profile (shipped, or a file `<models_dir>/<name>.toml`)."
+    )
+    slots: int | None = Field(
+        default=None,
+        ge=1,
+        description="Concurrent sequences the engine serves (count). Unset: the model profile's slot count.",
+    )
+    group: str = Field(default="", description="Optional placement group (rack, region, dedicated pool).")
+    cache_capacity_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Prefix tokens the box's cache holds, when known; bounds how many prefixes it is given.",
+    )
+    prefix_capacity: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Distinct prefixes the box holds at once, beside its live calls. Unset: what the engine reports "
+            "(llama.cpp: one per slot). Set it for a llama.cpp host prompt cache (--cache-ram), whose size "
+            "the engine does not report."
+        ),
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _valid_base_url(cls, value: str) -> str:
+        return http_url(value, "base_url")
+
+
+class GatewaySettings(Section):
+    url: str = Field(description="Root URL of the router in front of the boxes (e.g. SGLang Model Gateway).")
+    api_style: Literal["workers", "legacy"] = Field(
+        default="workers",
+        description=(
+            "`workers`: POST/GET/DELETE /workers (current SGLang Model Gateway); `legacy`: the older "
+            "/add_worker, /remove_worker, /list_workers endpoints of sglang-router."
+        ),
+    )
+    sync_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between full gateway sync passes (a pass also runs right after any readiness change). "
+            "Each pass re-reads the router's worker list, so a worker added or removed behind warmer's back "
+            "is corrected within this bound; as short as the health poll so a missed change costs little."
+        ),
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _valid_url(cls, value: str) -> str:
+        return http_url(value, "url")
+
+
+class KubernetesDiscoverySettings(Section):
+    """`[fleet.discovery]`: engine pods found through the Kubernetes API, next to the configured boxes."""
+
+    namespace: str = Field(min_length=1, description="Namespace of the engine pods.")
+    label_selector: str = Field(
+        min_length=1, description="Label selector of the engine pods, e.g. `app=sglang` (Kubernetes syntax)."
+    )
+    port: int = Field(ge=1, le=65535, description="The engines' HTTP port on each pod.")
+    scheme: Literal["http", "https"] = Field(default="http", description="How the engines are called.")
+    engine: EngineKind = Field(description="Engine dialect of every discovered pod.")
+    model: str = Field(min_length=1, description="Model profile of every discovered pod.")
+    slots: int | None = Field(default=None, ge=1, description="Slots per pod; unset: the profile's.")
+    group: str = Field(default="", description="Placement group of the discovered boxes.")
+    interval_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description=(
+            "Seconds between listings. A new pod is a box within this bound; the reconciler then warms it "
+            "before any route uses it, so a short interval costs one small API call and no traffic."
+        ),
+    )
+    api_url: str = Field(
+        default="https://kubernetes.default.svc",
+        description="The Kubernetes API server; the default is the in-cluster address.",
+    )
+    token_file: Path = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        description="Bearer token file (re-read on every listing: projected tokens rotate).",
+    )
+    ca_file: Path | None = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        description="CA bundle that signs the API server's certificate; unset: the system's trust store.",
+    )
+
+    @field_validator("api_url")
+    @classmethod
+    def _valid_api_url(cls, value: str) -> str:
+        return http_url(value, "api_url")
+
+
+class FleetSettings(Section):
+    models_dir: Path | None = Field(
+        default=None,
+        description=(
+            "An extra model profile directory (`<name>.toml` files) on top of the profiles shipped with "
+            "warmer; a file here replaces the shipped profile of the same name. Unset = the shipped set "
+            "only. Relative to the config file if set there."
+        ),
+    )
+    agents_dir: Path | None = Field(
+        default=None,
+        description="Directory of agent prompt spec files; unset means no agents are loaded.",
+    )
+    boxes: list[BoxSettings] = Field(
+        default_factory=list, description="The engine boxes warmer manages (may be empty at first)."
+    )
+    gateway: GatewaySettings | None = Field(
+        default=None,
+        description="Router to register warm boxes with and withdraw cold ones from; unset means none.",
+    )
+    discovery: KubernetesDiscoverySettings | None = Field(
+        default=None,
+        description="Engine pods discovered through the Kubernetes API, besides `boxes`; unset means none.",
+    )

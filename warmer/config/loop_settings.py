@@ -1,0 +1,267 @@
+"""How the daemon works its fleet: `[reconcile]`, `[engines]`, `[retry]`, `[hitrate]`, `[capacity]` and
+`[dialer]`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from warmer.config.section import Section
+from warmer.core.model import EngineTimeouts, RetryPolicy
+
+
+class ReconcileSettings(Section):
+    interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between reconcile passes (desired vs observed warm state). Short next to keepalive "
+            "horizons (minutes), so a missing prefix is noticed within seconds, yet cheap: a pass is local."
+        ),
+    )
+    health_poll_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description=(
+            "Seconds between engine health/epoch polls per box. A restart is caught within this bound, "
+            "before the gateway sends real calls to a cold process."
+        ),
+    )
+    keepalive_jitter_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description=(
+            "Random spread applied to each keepalive delay, as a fraction of it (0.1 = +/-10%). Spreads "
+            "touches so many prefixes warmed together do not all come due in the same second."
+        ),
+    )
+    max_concurrent_warms_per_box: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "Warm requests in flight per box at once (count). Two keeps warming from competing with real "
+            "calls for the engine's batch while still overlapping network and prefill."
+        ),
+    )
+    warm_budget_tokens_per_second: int = Field(
+        default=8000,
+        ge=1,
+        description=(
+            "Uncached (prefilled) warm tokens per second per box. Caps warming at a small share of a GPU's "
+            "prefill throughput so warming never becomes the load."
+        ),
+    )
+    ramp_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds over which a newly ready box goes from `initial_ramp_weight` to full routing weight. "
+            "A minute lets its hit rate and latency be seen on a small slice first; 0 disables ramping."
+        ),
+    )
+    initial_ramp_weight: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="Routing weight (0..1] a box gets the moment it becomes ready: a small slice first.",
+    )
+    shutdown_grace_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Seconds root tasks get to finish after SIGTERM/SIGINT before they are cancelled. 10 s fits "
+            "inside Kubernetes' default 30 s termination grace and systemd's TimeoutStopSec."
+        ),
+    )
+    retire_idle_after_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description=(
+            "Seconds without traffic warmer sees for an agent (its pre-call asks and the route lookups "
+            "they make, `POST /v1/prewarm`; a new agent counts from when it is first seen) after which its "
+            "prefixes stop being kept warm on its boxes; campaigns and pre-call asks still warm it. Calls "
+            "sent to the engines without asking warmer are not seen: book a campaign for such agents, or "
+            "set 0. An hour spans a lunch break without paying keepalive touches all night. "
+            "0 means never: keep every assigned agent warm forever."
+        ),
+    )
+
+    def retire_idle_after(self) -> float | None:
+        """The planner's idle cut-off: None (never retire) for 0, since TOML has no null to write."""
+        return self.retire_idle_after_seconds or None
+
+
+class EngineSettings(Section):
+    connect_timeout_seconds: float = Field(
+        default=2.0, gt=0, description="Seconds to open a TCP connection to an engine; loopback/LAN is fast."
+    )
+    health_timeout_seconds: float = Field(
+        default=3.0,
+        gt=0,
+        description="Seconds a health/epoch call may take; a slower answer is treated as unhealthy.",
+    )
+    request_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds for one warm or probe request. A cold prefill of a long prefix on a busy engine can "
+            "take many seconds; a minute catches hangs without failing honest work."
+        ),
+    )
+    long_request_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description=(
+            "Seconds for restart warm-up requests (bursts, the very long prefill). The first sampled request "
+            "after a restart may pay kernel compilation (~17 s seen on SGLang), so this is generous."
+        ),
+    )
+
+    def timeouts(self) -> EngineTimeouts:
+        return EngineTimeouts(
+            connect=self.connect_timeout_seconds,
+            health=self.health_timeout_seconds,
+            request=self.request_timeout_seconds,
+            long_request=self.long_request_timeout_seconds,
+        )
+
+
+class RetrySettings(Section):
+    attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Total tries of a transient engine failure, including the first (count).",
+    )
+    initial_backoff_seconds: float = Field(
+        default=0.2,
+        ge=0,
+        description="Seconds before the first retry; doubled per retry. Short: most blips are momentary.",
+    )
+    max_backoff_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="Cap on one backoff (seconds), so a retry never outlives a reconcile pass by much.",
+    )
+    jitter_seconds: float = Field(
+        default=0.1,
+        ge=0,
+        description="Random seconds added to each backoff so retries across boxes do not synchronize.",
+    )
+
+    @model_validator(mode="after")
+    def _cap_not_below_start(self) -> RetrySettings:
+        if self.max_backoff_seconds < self.initial_backoff_seconds:
+            raise ValueError("max_backoff_seconds must be >= initial_backoff_seconds")
+        return self
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            attempts=self.attempts,
+            initial_backoff_seconds=self.initial_backoff_seconds,
+            max_backoff_seconds=self.max_backoff_seconds,
+            jitter_seconds=self.jitter_seconds,
+        )
+
+
+class HitRateSettings(Section):
+    poll_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds between scrapes of each box's cache counters; the hit rate is computed over the "
+            "traffic between two scrapes. A minute holds enough calls to judge, and one scrape per box "
+            "per minute costs the engine nothing."
+        ),
+    )
+    threshold: float = Field(
+        default=0.90,
+        ge=0,
+        le=1,
+        description=(
+            "Hit ratio (0..1) below which a box alerts (metric and log event). 0.90 is the healthy bar "
+            "seen in the field for agents whose long stable prefix is warm."
+        ),
+    )
+    min_tokens_per_window: int = Field(
+        default=10000,
+        ge=0,
+        description=(
+            "Prompt tokens a box must have looked up between two scrapes before its ratio is judged, so an "
+            "idle box with a few health checks or probes never alerts, and an alert clears once the box "
+            "goes idle (about five calls' worth of prefix)."
+        ),
+    )
+
+
+class CapacitySettings(Section):
+    safe_fraction: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description=(
+            "Share of a box's prefill ceiling (uncached prompt tokens/s at full load) that `GET "
+            "/v1/capacity` counts as its budget. 0.6: in the field, time to first token broke at about 60% "
+            "of the ceiling, whatever mix of cached and uncached calls produced the load."
+        ),
+    )
+    max_usage_age_seconds: float = Field(
+        default=180.0,
+        gt=0,
+        description=(
+            "A box's uncached-token window (from the hit-rate monitor's scrapes) older than this is not "
+            "counted as its current use; keep it above `hitrate.poll_seconds`."
+        ),
+    )
+
+
+class DialerSettings(Section):
+    prewarm_max_wait_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        le=60,
+        description=(
+            "Longest a `POST /v1/prewarm` caller may wait for a warm (its `wait_ms` is capped to this). "
+            "10 s covers a cold prefill of a long prefix on a busy box yet keeps a dialer worker from "
+            "hanging on a box that will not warm."
+        ),
+    )
+    campaign_lead_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description=(
+            "Seconds before a campaign's window opens that its agent's prefixes are warmed (and its group "
+            "widened for its volume). Five minutes covers a restart warm-up plus prefix warms on a cold box."
+        ),
+    )
+    precall_hold_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds a pre-call ask (`POST /v1/prewarm`) keeps its agent at the top warm priority, ahead "
+            "of campaigns and keepalives. 60 s outlasts the longest prewarm wait and the dial-and-ring "
+            "time until the call's first turn, yet an ask with no call behind it stops jumping the queue "
+            "within a minute."
+        ),
+    )
+    volume_window_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Sliding window (seconds) over which pre-call asks are counted as an agent's observed call "
+            "volume (calls/minute) for placement. A minute follows a dialer burst without flapping groups."
+        ),
+    )
+    schedule_file: Path | None = Field(
+        default=None,
+        description=(
+            "Optional JSON or TOML file listing campaigns (id, agent, starts_at, ends_at, expected_calls), "
+            "synced into the store by id; campaigns booked through the API are never touched by it."
+        ),
+    )
+    poll_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds between reads of `schedule_file`; well under any campaign lead time.",
+    )

@@ -1,0 +1,106 @@
+"""Stable scores for rendezvous (HRW) hashing, and many of them at once inside one Python big int.
+
+Scores use a stable hash (blake2b seeds + a 64-bit mix), never Python's salted `hash()`, so every process and
+every replica ranks boxes the same way.
+"""
+
+from __future__ import annotations
+
+import array
+import hashlib
+from collections.abc import Sequence
+
+MASK64 = (1 << 64) - 1
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_PERSON = b"warmer-place"
+_prefixed: dict[str, hashlib.blake2b] = {}  # first part -> a hasher that has absorbed it (a few constants)
+
+
+def _part(text: str) -> bytes:
+    encoded = text.encode()
+    return len(encoded).to_bytes(4, "little") + encoded
+
+
+def stable_seed(*parts: str) -> int:
+    """A 64-bit value from strings that is the same in every process (unlike `hash()`).
+
+    Each part is length-prefixed, so ("ab", "c") and ("a", "bc") differ. The hasher that has absorbed the
+    first part (a constant such as "agent" or "box") is kept and copied: seeding 20,000 agents costs one
+    copy and one update each instead of a fresh hasher and several updates.
+    """
+    if not parts:
+        return int.from_bytes(hashlib.blake2b(digest_size=8, person=_PERSON).digest(), "little")
+    head = _prefixed.get(parts[0])
+    if head is None:
+        head = hashlib.blake2b(_part(parts[0]), digest_size=8, person=_PERSON)
+        if len(_prefixed) < 64:
+            _prefixed[parts[0]] = head
+    digest = head.copy()
+    for part in parts[1:]:
+        encoded = part.encode()
+        digest.update(len(encoded).to_bytes(4, "little") + encoded)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def mix64(value: int) -> int:
+    """SplitMix64's finalizer: turns `agent_seed ^ box_seed` into a well-spread score, cheaply."""
+    value = ((value ^ (value >> 30)) * _MIX1) & MASK64
+    value = ((value ^ (value >> 27)) * _MIX2) & MASK64
+    return value ^ (value >> 31)
+
+
+_LANE_BITS = 128  # a 64-bit score times a 64-bit constant fits in one lane without carrying into the next
+INDEX_BITS = 20  # low bits of a sort key hold the member index (a bucket holds < 2**20 boxes)
+INDEX_MASK = (1 << INDEX_BITS) - 1
+KEY_MASK = MASK64 ^ INDEX_MASK
+
+
+def sort_key(agent_seed: int, seed: int, index: int) -> int:
+    """One member's sort key for one agent, exactly as `Lanes.keys` computes it (score, then index)."""
+    return (mix64(agent_seed ^ seed) & KEY_MASK) | index
+
+
+class Lanes:
+    """Scores of one agent against many seeds at once, SIMD-style inside one Python big int.
+
+    Every seed sits in its own 128-bit lane; XOR, shifts (masked back to 64 bits per lane) and the
+    SplitMix64 multiplies then run over all lanes in a handful of big-int operations instead of a Python
+    loop per box — about 5x faster, and exactly `mix64(agent_seed ^ seed)` per lane. A key keeps the top 44
+    bits of the score and the member's index below them, so sorting keys sorts members by score (ties,
+    2**-44 likely, by index) and every key names its member.
+    """
+
+    __slots__ = ("_count", "_index", "_key_mask", "_low", "_packed", "_replicate")
+
+    def __init__(self, seeds: Sequence[int]) -> None:
+        if len(seeds) >= 1 << INDEX_BITS:
+            raise ValueError(f"too many boxes in one hash bucket: {len(seeds)}")
+        self._count = len(seeds)
+        self._replicate = sum(1 << (_LANE_BITS * i) for i in range(len(seeds)))
+        self._low = MASK64 * self._replicate
+        self._key_mask = KEY_MASK * self._replicate
+        self._packed = sum(seed << (_LANE_BITS * i) for i, seed in enumerate(seeds))
+        self._index = sum(i << (_LANE_BITS * i) for i in range(len(seeds)))
+
+    def __len__(self) -> int:
+        return self._count
+
+    def keys(self, agent_seed: int) -> array.array[int]:
+        """Every member's sort key for this agent, in member order."""
+        low = self._low
+        x = self._packed ^ (agent_seed * self._replicate)
+        x = (((x ^ (x >> 30)) & low) * _MIX1) & low
+        x = (((x ^ (x >> 27)) & low) * _MIX2) & low
+        x = ((x ^ (x >> 31)) & self._key_mask) | self._index
+        lanes = array.array("Q")
+        lanes.frombytes(x.to_bytes(self._count * (_LANE_BITS // 8), "little"))
+        return lanes[::2]
+
+    def best(self, agent_seed: int) -> int:
+        """The index of the member this agent ranks first (the bucket choice needs only that)."""
+        return max(self.keys(agent_seed)) & INDEX_MASK
+
+    def ranked_keys(self, agent_seed: int) -> list[int]:
+        """Every member's key, best first (`key & INDEX_MASK` is the member's index)."""
+        return sorted(self.keys(agent_seed), reverse=True)

@@ -1,0 +1,177 @@
+"""Each agent's rendezvous ranking of its model's boxes, in two levels, computed once and kept.
+
+Why two levels ("skeleton" HRW): a flat ranking costs one hash per (agent, box) — 10^8 for 20,000 agents on
+5,000 boxes. Instead every box falls into one of a fixed number of hash buckets (by its own id, so the
+bucket never changes), the agent ranks the buckets, then ranks boxes inside a bucket only when it gets
+there. Each agent's ranking is still one fixed total order over all possible box ids (bucket rank, then box
+rank), so the stability guarantees of flat HRW hold exactly; the price is a slight load skew between boxes
+in small and large buckets, which the per-box caps absorb by spilling.
+
+Why kept: an agent's order inside a bucket depends only on the agent and that bucket's members, so it stays
+valid until a box joins or leaves that bucket — then only the agents that had looked into it recompute.
+Re-placing after a change (and incremental placement) therefore pays the fill, not the hashing.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from warmer.core.placement.hashing import INDEX_MASK, Lanes, sort_key, stable_seed
+
+
+@dataclass(slots=True)
+class _Ranking:
+    """One agent's ranking as far as it has been needed: its best bucket, then every bucket's order."""
+
+    model: str
+    seed: int
+    first: int
+    order: list[int] | None = None  # every bucket, best first, once a walk goes past the first
+    members: dict[int, Sequence[int]] = field(default_factory=dict)  # bucket -> member keys, best first
+
+
+@dataclass(slots=True)
+class _Bucket:
+    ids: list[str] = field(default_factory=list)  # in the order the boxes were given (ties break by it)
+    seeds: list[int] = field(default_factory=list)
+    orders: list[int] = field(default_factory=list)  # each member's place in that order
+    lanes: Lanes | None = None  # built when first needed after a change
+    number: int = 0
+    ranked_by: set[str] = field(default_factory=set)  # agents holding this bucket's order in their cache
+
+
+class BoxIndex:
+    """The eligible boxes of every model, bucketed by their own id, and the agents' rankings of them."""
+
+    def __init__(self, buckets: int, *, keep: bool = True) -> None:
+        """`keep`: hold each agent's rankings for later calls (a one-off placement does not)."""
+        self._keep = keep
+        self._bucket_seeds = [stable_seed("bucket", str(i)) for i in range(buckets)]
+        self._bucket_lanes = Lanes(self._bucket_seeds)
+        self._models: dict[str, list[_Bucket]] = {}
+        self._sizes: dict[str, int] = {}
+        self._where: dict[str, tuple[str, int]] = {}  # box id -> (model, bucket)
+        self._box_seeds: dict[str, int] = {}
+        self._rankings: dict[str, _Ranking] = {}
+        self._next_order = 0
+
+    def __contains__(self, box_id: object) -> bool:
+        return box_id in self._where
+
+    def serves(self, model: str) -> bool:
+        """Whether any box of the model is in the index."""
+        return self._sizes.get(model, 0) > 0
+
+    def bucket_of(self, box_id: str) -> tuple[str, int]:
+        return self._where[box_id]
+
+    def add(self, box_id: str, model: str, order: int | None = None) -> int:
+        """Index a box; `order` is its place among all boxes given (default: after every box indexed so
+        far), so a box that comes back joins its bucket where a fresh index would have put it. Returns
+        its bucket."""
+        if box_id in self._where:
+            raise ValueError(f"boxes: duplicate box id {box_id!r}")
+        buckets = self._models.get(model)
+        if buckets is None:
+            buckets = self._models[model] = [_Bucket(number=i) for i in range(len(self._bucket_seeds))]
+        number = stable_seed("box-bucket", box_id) % len(self._bucket_seeds)
+        seed = stable_seed("box", box_id)
+        bucket = buckets[number]
+        if order is None:
+            order = self._next_order
+        self._next_order = max(self._next_order, order + 1)
+        at = bisect.bisect(bucket.orders, order)
+        bucket.ids.insert(at, box_id)
+        bucket.seeds.insert(at, seed)
+        bucket.orders.insert(at, order)
+        self._invalidate(bucket)
+        self._where[box_id] = (model, number)
+        self._box_seeds[box_id] = seed
+        self._sizes[model] = self._sizes.get(model, 0) + 1
+        return number
+
+    def remove(self, box_id: str) -> tuple[str, int]:
+        """Take a box out; returns the (model, bucket) it was in."""
+        model, number = self._where.pop(box_id)
+        bucket = self._models[model][number]
+        position = bucket.ids.index(box_id)
+        del bucket.ids[position]
+        del bucket.seeds[position]
+        del bucket.orders[position]
+        self._invalidate(bucket)
+        del self._box_seeds[box_id]
+        self._sizes[model] -= 1
+        return model, number
+
+    def _invalidate(self, bucket: _Bucket) -> None:
+        bucket.lanes = None
+        for agent_id in bucket.ranked_by:
+            ranking = self._rankings.get(agent_id)
+            if ranking is not None:
+                ranking.members.pop(bucket.number, None)  # its member indices shifted
+        bucket.ranked_by.clear()
+
+    def forget(self, agent_id: str) -> None:
+        """Drop an agent's cached ranking (it left, or its model changed)."""
+        self._rankings.pop(agent_id, None)
+
+    def _ranking(self, agent_id: str, seed: int, model: str) -> _Ranking:
+        ranking = self._rankings.get(agent_id)
+        if ranking is None or ranking.model != model or ranking.seed != seed:
+            ranking = _Ranking(model, seed, self._bucket_lanes.best(seed))
+            if self._keep:
+                self._rankings[agent_id] = ranking
+        return ranking
+
+    def walk(self, agent_id: str, seed: int, model: str, entered: list[int] | None = None) -> Iterator[str]:
+        """The agent's boxes of its model from most to least preferred, one bucket at a time.
+
+        `entered` collects every bucket the walk went into, empty ones included: a box joining one of them
+        is one the agent would have looked at.
+        """
+        ranking = self._ranking(agent_id, seed, model)
+        buckets = self._models.get(model)
+        if buckets is None:
+            return
+        for number in self._bucket_order(ranking):
+            if entered is not None:
+                entered.append(number)
+            bucket = buckets[number]
+            ids = bucket.ids
+            if not ids:
+                continue
+            keys = ranking.members.get(number)
+            if keys is None:
+                if bucket.lanes is None:
+                    bucket.lanes = Lanes(bucket.seeds)
+                if self._keep:
+                    keys = ranking.members[number] = array.array("Q", bucket.lanes.ranked_keys(seed))
+                    bucket.ranked_by.add(agent_id)
+                else:
+                    keys = bucket.lanes.ranked_keys(seed)
+            for key in keys:
+                yield ids[key & INDEX_MASK]
+
+    def _bucket_order(self, ranking: _Ranking) -> Iterator[int]:
+        """The agent's buckets, best first; the full order is computed only when a walk goes past the
+        first one (most agents never do)."""
+        yield ranking.first
+        if ranking.order is None:
+            ranking.order = [key & INDEX_MASK for key in self._bucket_lanes.ranked_keys(ranking.seed)]
+        yield from ranking.order[1:]
+
+    def ranks_before(self, seed: int, box_id: str, other_id: str) -> bool:
+        """Whether an agent with this seed ranks `box_id` before `other_id` (both indexed, same model)."""
+        model, number = self._where[box_id]
+        _, other_number = self._where[other_id]
+        if number != other_number:
+            mine = sort_key(seed, self._bucket_seeds[number], number)
+            theirs = sort_key(seed, self._bucket_seeds[other_number], other_number)
+            return mine > theirs
+        ids = self._models[model][number].ids
+        mine = sort_key(seed, self._box_seeds[box_id], ids.index(box_id))
+        theirs = sort_key(seed, self._box_seeds[other_id], ids.index(other_id))
+        return mine > theirs

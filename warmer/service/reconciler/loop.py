@@ -1,0 +1,353 @@
+"""The reconcile loop: a level-triggered controller that makes the engines hold what should be warm.
+
+Each pass, under the fleet lock (a box added or removed never lands in the middle of one):
+1. observe: poll every box's health and epoch (`restart_detection`: a new epoch is a restart, the box
+   leaves every route at once), compute changed agents' stable prefixes (`catalogue`), reload the warm
+   records (`records`), compute staged prompts and promote those that may become current (`prompts`);
+2. desired: placement with move-before-switch handover (`desired`);
+3. diff: the pure `plan` of Desired against Observed;
+4. act: carry the actions out (`actions`: engine work as tasks, bounded per box, every transition written
+   with a reason), then record boxes that became ready (`ready_reports`).
+
+A missed event or a restart of the daemon only delays a fix by one pass: nothing here is edge-triggered
+except the wake-up (`poke()`, from the root's timers and from finished work). On start, records verified
+before the daemon started are re-probed, not trusted. Deploy events edit the fleet between passes
+(`fleet_edits`); pre-call asks are answered by `precall`. The parts are built and wired in `parts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+
+import structlog
+
+from warmer.core.agents import AgentSpec
+from warmer.core.errors import StoreError
+from warmer.core.model import BoxSpec, ModelProfile
+from warmer.core.planner import BoxObservation, Observed, plan
+from warmer.core.readiness import Route, box_ready, routes
+from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.reconciler.parts import Hooks, build_parts
+from warmer.service.reconciler.types import (
+    EnsureResult,
+    NullObserver,
+    PendingPrompt,
+    PrefixSource,
+    ReconcileObserver,
+    ReconcilerConfig,
+    Snapshot,
+)
+from warmer.service.restart_warmup import RestartWarmup
+from warmer.service.warming import WarmExecutor
+
+
+class Reconciler:
+    """Keeps the fleet's caches matching the plan. `run(stopping)` is the root task; `poke()` wakes it."""
+
+    def __init__(
+        self,
+        *,
+        engine: EnginePort,
+        store: StorePort,
+        clock: Clock,
+        boxes: Sequence[BoxSpec],
+        profiles: Mapping[str, ModelProfile],
+        agents: Mapping[str, AgentSpec],
+        prefix_source: PrefixSource,
+        config: ReconcilerConfig | None = None,
+        executor: WarmExecutor | None = None,
+        restart: RestartWarmup | None = None,
+        observer: ReconcileObserver | None = None,
+        demand: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._config = config = config or ReconcilerConfig()
+        self._boxes = {box.id: box for box in boxes}
+        self._profiles = dict(profiles)
+        self._agents = dict(agents)
+        log = self._log = structlog.stdlib.get_logger(__name__)
+        self._started = False
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._fleet_lock = asyncio.Lock()
+
+        parts = build_parts(
+            engine=engine,
+            store=store,
+            clock=clock,
+            config=config,
+            boxes=self._boxes,
+            profiles=self._profiles,
+            agents=self._agents,
+            prefix_source=prefix_source,
+            executor=executor,
+            restart=restart,
+            observer=observer or NullObserver(),
+            demand=demand,
+            lock=self._fleet_lock,
+            log=log,
+            hooks=Hooks(
+                poke=self.poke,
+                notify_changed=self._notify_changed,
+                changed=lambda: self._changed,
+                routes_now=self._routes_now,
+                agent_routes=self.agent_routes,
+            ),
+        )
+        self._book, self._rollout, self._health = parts.book, parts.rollout, parts.health
+        self._activity, self._catalogue, self._staging = parts.activity, parts.catalogue, parts.staging
+        self._desired, self._runner, self._ready = parts.desired, parts.runner, parts.ready
+        self._promotion, self._fleet, self._precall = parts.promotion, parts.fleet, parts.precall
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Register the fleet in the store; from now on, older verifications are re-probed before use."""
+        if self._started:
+            return
+        await self._store.sync_boxes(list(self._boxes.values()))
+        self._book.trusted_after = self._clock.now()
+        self._started = True
+
+    def poke(self) -> None:
+        """Wake the loop for a pass as soon as it is free (several pokes coalesce into one pass)."""
+        self._wake.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """The root task: a pass on every poke until `stopping` is set; in-flight work is then cancelled."""
+        await self.start()
+        stop_waiter = asyncio.ensure_future(stopping.wait())
+        try:
+            while not stopping.is_set():
+                self._wake.clear()
+                try:
+                    await self.tick()
+                except StoreError as exc:  # a database blip: say so, keep going, the next pass retries
+                    self._log.error("reconcile tick failed", error=f"{type(exc).__name__}: {exc}")
+                wake_waiter = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({wake_waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                wake_waiter.cancel()
+        finally:
+            stop_waiter.cancel()
+            await self.close()
+
+    async def close(self) -> None:
+        """Cancel work in flight (a `warming` row left behind is abandoned by the next daemon's planner)."""
+        await self._runner.close()
+
+    async def wait_idle(self) -> None:
+        """Wait until no engine work is running (tests and benchmarks step the loop with this)."""
+        await self._runner.wait_idle()
+
+    # ----------------------------------------------------------------------------------------------- pass
+
+    async def tick(self) -> None:
+        """One level-triggered pass: observe, desired, diff, act (engine work continues as tasks)."""
+        async with self._fleet_lock:
+            await self._tick()
+
+    async def _tick(self) -> None:
+        await self.start()
+        now = self._clock.now()
+        # observe
+        await self._health.poll_all(list(self._boxes.values()), now)
+        await self._health.flush()  # a StoreError ends the pass; the view above already holds
+        await self._catalogue.refresh(self._agents, self._profiles, now)
+        await self._book.reload(self._health.current_epochs(), self._runner.in_flight)
+        await self._promotion.refresh(now)
+        # desired
+        campaigns = await self._store.list_campaigns()
+        desired = self._desired.build(
+            now,
+            campaigns,
+            self._catalogue.refs(),
+            precall=self._activity.held(now),
+            last_activity=self._activity.last(),
+        )
+        # diff
+        result = plan(
+            self._staging.with_pending(desired, now),
+            self._observed(for_routes=False),
+            now,
+            self._config.planner,
+        )
+        # act
+        self._runner.buckets = dict(result.buckets)
+        await self._runner.dispatch(result.actions)
+        await self._ready.note(self._health.live, desired, self._observed(for_routes=True))
+        self._notify_changed()
+
+    def _observed(self, *, for_routes: bool) -> Observed:
+        """What is: the boxes as last polled, the warm records (for routes: only trusted ones), the work
+        in flight and the budgets."""
+        return Observed(
+            boxes={
+                box_id: BoxObservation(
+                    healthy=live.healthy,
+                    epoch=live.epoch,
+                    warmup=live.warmup,
+                    warmup_finished_at=live.warmup_finished_at,
+                    draining=self._rollout.is_draining(box_id),
+                )
+                for box_id, live in self._health.live.items()
+            },
+            warm=self._book.trusted() if for_routes else dict(self._book.records),
+            in_flight=frozenset(self._runner.in_flight),
+            buckets=dict(self._runner.buckets),
+            suspect_boxes=frozenset(self._health.suspect),
+            trusted_after=self._book.trusted_after,
+        )
+
+    def _notify_changed(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def wait_changed(self) -> None:
+        """Return after the next pass (readiness and routes may have changed); gateway sync waits here."""
+        await self._changed.wait()
+
+    # ------------------------------------------------------------------------------------------- views
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(
+            now=self._clock.now(),
+            boxes=dict(self._boxes),
+            live={box_id: dataclasses.replace(live) for box_id, live in self._health.live.items()},
+            desired=self._desired.current,
+            observed=self._observed(for_routes=True),
+            records=dict(self._book.records),
+            prefixes=dict(self._catalogue.prefixes),
+            prefix_errors=dict(self._catalogue.errors),
+            config=self._config.planner,
+        )
+
+    def ready_box_ids(self) -> set[str] | None:
+        """Boxes ready now (the planner's `box_ready`); None before the first pass (not known yet)."""
+        desired = self._desired.current
+        if desired is None:
+            return None
+        observed, now = self._observed(for_routes=True), self._clock.now()
+        return {b for b in self._boxes if box_ready(b, desired, observed, now, self._config.planner).ready}
+
+    def _routes_now(self, now: float) -> Mapping[str, tuple[Route, ...]] | None:
+        desired = self._desired.current
+        if desired is None:
+            return None
+        return routes(desired, self._observed(for_routes=True), now, self._config.planner)
+
+    def agent_routes(self, agent_id: str) -> tuple[Route, ...]:
+        """The agent's current routes (what `snapshot().routes()` holds for it), computed for it alone.
+        A lookup is traffic for the agent: a call is about to use the answer (`touch`)."""
+        self.touch(agent_id)
+        desired = self._desired.current
+        if desired is None:
+            return ()
+        observed = self._observed(for_routes=True)
+        found = routes(desired, observed, self._clock.now(), self._config.planner, only=(agent_id,))
+        return found.get(agent_id, ())
+
+    def prefix_slot(self, agent_id: str, box_id: str) -> int | None:
+        """The engine slot holding the agent's current prefix on the box, when pinned (llama.cpp): a call
+        that names it (`id_slot`) waits for its own slot instead of evicting another agent's prompt."""
+        computed = self._catalogue.get(agent_id)
+        live = self._health.live.get(box_id)
+        if computed is None or live is None or live.epoch is None:
+            return None
+        return self._book.serving_slot((box_id, live.epoch, computed.prefix.hash))
+
+    def fleet(self) -> Mapping[str, BoxSpec]:
+        """The boxes this reconciler may call now (config plus runtime `box.added`)."""
+        return dict(self._boxes)
+
+    def agent_specs(self) -> Mapping[str, AgentSpec]:
+        return dict(self._agents)
+
+    def profile_names(self) -> frozenset[str]:
+        return frozenset(self._profiles)
+
+    def pending_prompts(self) -> Mapping[str, PendingPrompt]:
+        return self._staging.pending()
+
+    def draining(self) -> Mapping[str, str]:
+        """Boxes taken out of service by a rollout, with why."""
+        return self._rollout.draining()
+
+    def drained_boxes(self) -> frozenset[str]:
+        """Draining boxes that no route uses any more: safe to restart without a call meeting them."""
+        return self._rollout.drained(self._desired.routed_box_ids())
+
+    # ------------------------------------------------------------------------------ signals and edits
+
+    def touch(self, agent_id: str) -> None:
+        """Traffic for the agent (a route lookup, a pre-call ask): keep its prefix warm; agents idle longer
+        than `retire_idle_after_seconds` stop being kept warm."""
+        self._activity.touch(agent_id, self._clock.now())
+
+    def set_suspect(self, box_id: str, suspect: bool) -> None:
+        """The hit-rate monitor's verdict: a suspect box gets its warm prefixes probed (rate-limited)."""
+        if box_id not in self._boxes:
+            return
+        self._health.set_suspect(box_id, suspect)
+        self.poke()
+
+    async def poll_health(self) -> None:
+        """The health timer's light path: poll every box's health and epoch and apply them to the view,
+        and wake a full pass only when something changed (a box went up or down, or restarted). A box
+        that went down or restarted leaves readiness and the routes at once, before that pass."""
+        if not self._started:
+            return  # the loop registers the fleet first; its first pass polls anyway
+        async with self._fleet_lock:
+            changed = await self._health.poll_all(list(self._boxes.values()), self._clock.now())
+            try:
+                await self._health.flush()
+            except StoreError as exc:  # the view holds; the next pass writes it
+                self._log.warning("box health not stored yet", error=str(exc))
+        if changed:
+            self._notify_changed()
+            self.poke()
+
+    async def recheck_box(self, box_id: str) -> None:
+        """Look at one box now, between polls: a caller retrying a call it was given this box for has met
+        trouble there (a restart is over sooner than a poll interval), so a new process must not be
+        answered as the warm old one. A changed epoch or a box down leaves the routes before the answer."""
+        box = self._boxes.get(box_id)
+        if box is None:
+            return
+        if await self._health.recheck(box, self._fleet_lock):
+            self._notify_changed()
+            self.poke()
+
+    async def ensure_warm(self, agent_id: str, wait_seconds: float = 0.0) -> EnsureResult:
+        """The box a call for `agent_id` should use, warming the agent's prefix there if needed
+        (`warmer.service.reconciler.precall`)."""
+        return await self._precall.ensure_warm(agent_id, wait_seconds)
+
+    def stage_prompt(self, spec: AgentSpec) -> None:
+        """Warm `spec`'s prefix beside the current one, current once warm (`PromptPromotion.stage`)."""
+        self._promotion.stage(spec)
+        self.poke()
+
+    def drain_boxes(self, box_ids: Sequence[str], reason: str) -> None:
+        """A rollout will restart these boxes: hand their agents to the rest of the fleet first
+        (`Rollout.drain`)."""
+        self._rollout.drain(box_ids, reason)
+        self._notify_changed()
+        self.poke()
+
+    def undrain_boxes(self, box_ids: Sequence[str], epoch_tag: str) -> None:
+        """Back in service as a new epoch (`<engine epoch>~<tag>`): restart warm-up, prefixes, routes."""
+        self._rollout.undrain(box_ids, epoch_tag)
+        self.poke()
+
+    async def add_box(self, box: BoxSpec) -> None:
+        """A new box joins the fleet (registered in the store); it is warmed before any route uses it."""
+        await self._fleet.add_box(box)
+        self.poke()
+
+    async def remove_box(self, box_id: str) -> None:
+        """A box leaves the fleet: out of routes at once, its engine work cancelled, its rows dropped."""
+        await self._fleet.remove_box(box_id)
+        self.poke()

@@ -1,0 +1,183 @@
+"""The reconciler's parts, built and wired: which part holds which state, and which parts read it.
+
+Each part is a small class owning its state (`records`, `restart_detection`, `catalogue`, `desired`,
+`actions`, ...); they share the fleet's dicts (boxes, profiles, agents) by reference and reach the loop
+only through `Hooks`. `Reconciler` (`loop`) builds them here once and runs the passes over them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import structlog
+
+from warmer.core.agents import AgentSpec
+from warmer.core.model import BoxSpec, ModelProfile
+from warmer.core.readiness import Route
+from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.reconciler.actions import ActionRunner
+from warmer.service.reconciler.activity import AgentActivity
+from warmer.service.reconciler.catalogue import PrefixCatalogue
+from warmer.service.reconciler.desired import DesiredState
+from warmer.service.reconciler.fleet_edits import FleetEdits, Rollout
+from warmer.service.reconciler.precall import PrecallWarming
+from warmer.service.reconciler.prompts import PromptPromotion, PromptStaging
+from warmer.service.reconciler.ready_reports import ReadyReports
+from warmer.service.reconciler.records import WarmBook
+from warmer.service.reconciler.restart_detection import BoxHealth
+from warmer.service.reconciler.tokenizer_drift import TokenizerDriftCheck
+from warmer.service.reconciler.types import PrefixSource, ReconcileObserver, ReconcilerConfig
+from warmer.service.restart_warmup import RestartWarmup
+from warmer.service.warming import WarmExecutor
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What the parts may ask of the loop."""
+
+    poke: Callable[[], None]  # wake a pass
+    notify_changed: Callable[[], None]  # readiness or routes changed between passes
+    changed: Callable[[], asyncio.Event]  # the event the next pass (or change) sets
+    routes_now: Callable[[float], Mapping[str, tuple[Route, ...]] | None]  # None before the first pass
+    agent_routes: Callable[[str], tuple[Route, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    book: WarmBook
+    rollout: Rollout
+    health: BoxHealth
+    activity: AgentActivity
+    catalogue: PrefixCatalogue
+    staging: PromptStaging
+    ready: ReadyReports
+    desired: DesiredState
+    runner: ActionRunner
+    promotion: PromptPromotion
+    fleet: FleetEdits
+    precall: PrecallWarming
+
+
+def build_parts(
+    *,
+    engine: EnginePort,
+    store: StorePort,
+    clock: Clock,
+    config: ReconcilerConfig,
+    boxes: dict[str, BoxSpec],
+    profiles: dict[str, ModelProfile],
+    agents: dict[str, AgentSpec],
+    prefix_source: PrefixSource,
+    executor: WarmExecutor | None,
+    restart: RestartWarmup | None,
+    observer: ReconcileObserver,
+    demand: Callable[[], Mapping[str, float]] | None,
+    lock: asyncio.Lock,
+    log: structlog.stdlib.BoundLogger,
+    hooks: Hooks,
+) -> Parts:
+    book = WarmBook(store)
+    rollout = Rollout(boxes)
+    health = BoxHealth(
+        engine=engine,
+        store=store,
+        clock=clock,
+        log=log,
+        book=book,
+        box_ids=boxes,
+        epoch_tag=rollout.epoch_tag,
+        concurrency=config.health_concurrency,
+    )
+    activity = AgentActivity(config.precall_hold_seconds)
+    drift = TokenizerDriftCheck(
+        store=store, observer=observer, log=log, threshold=config.tokenizer_drift_threshold
+    )
+    catalogue = PrefixCatalogue(store=store, source=prefix_source, drift=drift, activity=activity, log=log)
+    staging = PromptStaging(store=store, prefix_source=prefix_source, log=log)
+    ready = ReadyReports(store=store, clock=clock, config=config.planner, observer=observer, log=log)
+    desired = DesiredState(
+        config=config,
+        boxes=boxes,
+        profiles=profiles,
+        agents=agents,
+        health=health,
+        book=book,
+        drained=rollout.is_draining,
+        served=ready.served,
+        observed_demand=demand or dict,
+        log=log,
+    )
+    runner = ActionRunner(
+        store=store,
+        clock=clock,
+        config=config,
+        executor=executor or WarmExecutor(engine, clock),
+        restart=restart or RestartWarmup(engine, store, clock),
+        observer=observer,
+        log=log,
+        boxes=boxes,
+        profiles=profiles,
+        agents=agents,
+        health=health,
+        book=book,
+        catalogue=catalogue,
+        staging=staging,
+        poke=hooks.poke,
+    )
+    promotion = PromptPromotion(
+        store=store,
+        clock=clock,
+        config=config,
+        agents=agents,
+        profiles=profiles,
+        staging=staging,
+        catalogue=catalogue,
+        book=book,
+        live=health.live.get,
+        routes_now=hooks.routes_now,
+        log=log,
+    )
+    fleet = FleetEdits(
+        store=store,
+        boxes=boxes,
+        profiles=profiles,
+        lock=lock,
+        health=health,
+        book=book,
+        runner=runner,
+        desired=desired,
+        rollout=rollout,
+        notify_changed=hooks.notify_changed,
+    )
+    precall = PrecallWarming(
+        clock=clock,
+        config=config,
+        boxes=boxes,
+        agents=agents,
+        activity=activity,
+        catalogue=catalogue,
+        desired=desired,
+        health=health,
+        book=book,
+        runner=runner,
+        rollout=rollout,
+        routes_for=hooks.agent_routes,
+        poke=hooks.poke,
+        changed=hooks.changed,
+    )
+    return Parts(
+        book=book,
+        rollout=rollout,
+        health=health,
+        activity=activity,
+        catalogue=catalogue,
+        staging=staging,
+        ready=ready,
+        desired=desired,
+        runner=runner,
+        promotion=promotion,
+        fleet=fleet,
+        precall=precall,
+    )

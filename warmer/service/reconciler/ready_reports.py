@@ -1,0 +1,127 @@
+"""Readiness bookkeeping: the moment each box's epoch became ready, and what that took.
+
+What makes a box ready is decided by the pure core (`box_ready`); this records, once per epoch, when
+that first held: a `box_ready` event with the time from health up to ready next to the engine time it
+took, the PREFIXES phase closed, and the time-to-ready metric (a daemon restarted over a running engine
+records only its re-verification time: it did not see the epoch start). After every pass it also
+reports the fleet's readiness and warmth to the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from warmer.core.event_kinds import EventKind
+from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord
+from warmer.core.planner import Desired, Observed, PlannerConfig
+from warmer.core.readiness import agent_warmth, box_ready
+from warmer.core.warmstate import is_serving
+from warmer.ports import Clock, StorePort
+from warmer.service.reconciler.types import BoxLive, ReadyReport, ReconcileObserver
+
+
+def ready_detail(report: ReadyReport) -> dict[str, object]:
+    """The box_ready event's detail. A resumed report carries only its re-verification time: its engine
+    figures cover just this daemon's probes, so an overhead computed from them would be meaningless."""
+    if report.resumed:
+        return {"resumed": True, "reverify_seconds": round(report.reverify_seconds, 6)}
+    return {
+        "time_to_ready_seconds": round(report.time_to_ready_seconds, 6),
+        "engine_seconds": round(report.engine_seconds, 6),
+        "warmup_engine_seconds": round(report.warmup_engine_seconds, 6),
+        "prefix_engine_seconds": round(report.prefix_engine_seconds, 6),
+        "overhead_fraction": round(report.overhead_fraction, 4),
+    }
+
+
+class ReadyReports:
+    """Writes each epoch's ready report once; remembers which boxes were ready under this daemon."""
+
+    def __init__(
+        self,
+        *,
+        store: StorePort,
+        clock: Clock,
+        config: PlannerConfig,
+        observer: ReconcileObserver,
+        log: structlog.stdlib.BoundLogger,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._config = config
+        self._observer = observer
+        self._log = log
+        self._served: set[str] = set()  # boxes that were ready at least once under this daemon
+
+    def served(self, box_id: str) -> bool:
+        return box_id in self._served
+
+    async def note(self, live: Mapping[str, BoxLive], desired: Desired, observed: Observed) -> None:
+        """Record, once per epoch (per daemon: a resumed epoch is recorded as such), the moment a box
+        became ready and what that took; then report the fleet's state."""
+        now = self._clock.now()
+        ready_by_box: dict[str, bool] = {}
+        for box_id, box in live.items():
+            ready = box_ready(box_id, desired, observed, now, self._config).ready
+            ready_by_box[box_id] = ready
+            if ready and box.ready_report is None and box.epoch is not None:
+                await self._record(box_id, box, box.epoch, now)
+        warm = sum(1 for r in observed.warm.values() if is_serving(r))
+        self._observer.fleet_state(sum(ready_by_box.values()), warm)
+        self._observer.box_states(ready_by_box, agent_warmth(desired, observed))
+
+    async def _record(self, box_id: str, live: BoxLive, epoch: str, now: float) -> None:
+        since_mono = (
+            live.healthy_since_mono if live.healthy_since_mono is not None else self._clock.monotonic()
+        )
+        report = ReadyReport(
+            box_id=box_id,
+            epoch=epoch,
+            at=now,
+            time_to_ready_seconds=max(0.0, self._clock.monotonic() - since_mono),
+            warmup_engine_seconds=live.warmup_engine_seconds,
+            prefix_engine_seconds=live.prefix_engine_seconds,
+            warmup_wall_seconds=live.warmup_wall_seconds,
+            resumed=live.resumed,
+        )
+        live.ready_report = report
+        self._served.add(box_id)
+        if live.prefixes_started_at is not None:  # None: an earlier daemon finished this epoch's phase
+            await self._store.put_phase(
+                PhaseRecord(
+                    box_id=box_id,
+                    epoch=epoch,
+                    phase=PhaseName.PREFIXES,
+                    started_at=live.prefixes_started_at,
+                    finished_at=now,
+                    engine_seconds=live.prefix_engine_seconds,
+                    requests=live.prefix_requests,
+                    ok=True,
+                )
+            )
+        await self._store.append_event(
+            LoggedEvent(
+                at=now, kind=EventKind.BOX_READY, box_id=box_id, epoch=epoch, detail=ready_detail(report)
+            )
+        )
+        if report.resumed:
+            # Not a time to ready: this daemon did not see the epoch start. Observing it would put a
+            # restart-of-the-daemon figure (~0 engine seconds) into the time-to-ready statistics.
+            self._log.info(
+                "box ready (resumed)",
+                box=box_id,
+                epoch=epoch,
+                reverify_seconds=round(report.reverify_seconds, 3),
+            )
+            return
+        self._observer.box_ready(box_id, report.time_to_ready_seconds, report.engine_seconds)
+        self._log.info(
+            "box ready",
+            box=box_id,
+            epoch=epoch,
+            time_to_ready_seconds=round(report.time_to_ready_seconds, 3),
+            engine_seconds=round(report.engine_seconds, 3),
+            overhead=f"{report.overhead_fraction:.1%}",
+        )

@@ -1,0 +1,104 @@
+"""The reconciler's view of warm state: the current epochs' warm records and the slots they are pinned to.
+
+Between two reloads this view is *newer* than the store, not a copy of it. Every pass reloads it from the
+store (another replica or an operator may have written rows); in between, this daemon patches it with
+each transition it makes, written to the store first (so the store holds every transition, the history
+the next daemon and other replicas read), and drops a restarted box's records at once, before the store
+hears of the new epoch (that write may be queued behind a database outage: `restart_detection`). A
+reload keeps this daemon's record when it is newer than the row read back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from warmer.core.model import BoxCapacity, WarmRecord, WarmState
+from warmer.core.planner import WarmKey
+from warmer.core.warmstate import is_serving
+from warmer.ports import StorePort
+
+
+class WarmBook:
+    """Warm records by (box, epoch, prefix), and the engine slot each pinned prefix holds."""
+
+    def __init__(self, store: StorePort) -> None:
+        self._store = store
+        self.records: dict[WarmKey, WarmRecord] = {}
+        # (box, epoch, prefix) -> the engine slot holding it, on engines with pinnable slots (llama.cpp):
+        # a warm reserves a slot no other kept prefix of the box holds, and every later request of
+        # warmer's for that prefix (keepalive, probe) and every pinned call runs there
+        self.pins: dict[WarmKey, int] = {}
+        # Verifications older than this (the daemon's start) are re-probed before they count as warm.
+        self.trusted_after = 0.0
+
+    def get(self, key: WarmKey) -> WarmRecord | None:
+        return self.records.get(key)
+
+    async def reload(self, current: Mapping[str, str], in_flight: Collection[tuple[str, str]]) -> None:
+        """Re-read the current epochs' rows (`current`: box id -> epoch). A warm or probe of this daemon
+        may have finished while the rows were being read: its newer transition (already written) wins over
+        the older row the read returned, so a just-verified prefix is not probed or warmed again on stale
+        evidence; so does a record of work still in flight (`in_flight`: (box, prefix)) with no row yet."""
+        rows = await self._store.list_warm()
+        loaded = {(r.box_id, r.epoch, r.prefix_hash): r for r in rows if current.get(r.box_id) == r.epoch}
+        for key, mine in self.records.items():
+            row = loaded.get(key)
+            if (row is None and (key[0], key[2]) in in_flight) or (
+                row is not None and mine.updated_at > row.updated_at
+            ):
+                loaded[key] = mine
+        self.records = loaded
+
+    async def write(self, updated: WarmRecord, *, reason: str, previous: WarmState | None) -> None:
+        """One transition: into the store with its reason, then into this view."""
+        await self._store.put_warm(updated, reason=reason, previous=previous)
+        self.records[(updated.box_id, updated.epoch, updated.prefix_hash)] = updated
+
+    def trusted(self) -> dict[WarmKey, WarmRecord]:
+        """Records that count as warm for routing: a verification from before this daemon started does
+        not, until a probe renews it."""
+        return {
+            key: record
+            for key, record in self.records.items()
+            if record.state not in (WarmState.WARM, WarmState.STALE)
+            or (record.verified_at is not None and record.verified_at >= self.trusted_after)
+        }
+
+    def keep_only_epoch(self, box_id: str, epoch: str) -> None:
+        """A new process holds nothing of the old one's: the box's other epochs' records and pins go."""
+        self.records = {k: r for k, r in self.records.items() if k[0] != box_id or k[1] == epoch}
+        self.pins = {k: s for k, s in self.pins.items() if k[0] != box_id or k[1] == epoch}
+
+    def forget_box(self, box_id: str) -> None:
+        self.records = {k: r for k, r in self.records.items() if k[0] != box_id}
+        self.pins = {k: s for k, s in self.pins.items() if k[0] != box_id}
+
+    def pin_for(self, key: WarmKey, capacity: BoxCapacity | None) -> int | None:
+        """The slot for a warm of `key`: the one it holds, else a slot no other kept prefix of the box holds
+        (reserved now, so two warms in flight never pick the same), else none (the engine chooses)."""
+        if key in self.pins:
+            return self.pins[key]
+        if capacity is None or not capacity.pinnable_slots:
+            return None
+        taken = {slot for (b, e, _), slot in self.pins.items() if b == key[0] and e == key[1]}
+        free = [slot for slot in range(capacity.pinnable_slots) if slot not in taken]
+        if not free:
+            return None
+        self.pins[key] = free[0]
+        return free[0]
+
+    def slot(self, key: WarmKey) -> int | None:
+        return self.pins.get(key)
+
+    def serving_slot(self, key: WarmKey) -> int | None:
+        """The slot a call for `key` may name: only while the prefix is believed warm there."""
+        record = self.records.get(key)
+        if record is None or not is_serving(record):
+            return None
+        return self.pins.get(key)
+
+    def keep_pin(self, key: WarmKey, slot: int) -> None:
+        self.pins[key] = slot
+
+    def release_pin(self, key: WarmKey) -> None:
+        self.pins.pop(key, None)

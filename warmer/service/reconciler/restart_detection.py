@@ -1,0 +1,247 @@
+"""How a restart is detected: each box's health and epoch, polled; a new epoch is a new process.
+
+Every pass (and `recheck`, between passes, when a caller met trouble on a box) asks each box's engine
+whether it is up and what its epoch is. The epoch is the process identity the engine adapter derives
+(`EnginePort.epoch`: llama.cpp's per-process media marker or a fingerprint with its decode counter,
+`RestartWatch` in `warmer.adapters.engines.base` for engines that expose less), with a rollout tag
+appended after an undrain (`fleet_edits`), so a box back from a rollout is a new epoch even when the
+engine's own identity did not change.
+
+A changed epoch means the process restarted and holds nothing of the old one's cache: the box's records
+and pins leave the view at once (so it leaves every route), the new epoch is written to the store (which
+drops the old epochs' rows), its cache capacity is read again, and if an earlier daemon already ran this
+epoch's restart warm-up (`warmer.service.restart_warmup`), its progress is resumed from the store.
+
+The view changes first and the store writes queue behind it (`flush`): a restarted or failed box leaves
+readiness even while the database is down; the writes reach the store as soon as it answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+
+import structlog
+
+from warmer.core.errors import StoreError, WarmerError
+from warmer.core.event_kinds import EventKind
+from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
+from warmer.core.planner import WarmupStatus
+from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.reconciler.records import WarmBook
+from warmer.service.reconciler.types import BoxLive
+
+Health = tuple[bool, str | None, str | None]  # (healthy, epoch, why not)
+
+
+class BoxHealth:
+    """What the daemon knows of each box right now (`live`), what its cache holds (`capacity`), which
+    boxes the hit-rate monitor suspects (`suspect`), and the store writes the view is ahead of."""
+
+    def __init__(
+        self,
+        *,
+        engine: EnginePort,
+        store: StorePort,
+        clock: Clock,
+        log: structlog.stdlib.BoundLogger,
+        book: WarmBook,
+        box_ids: Iterable[str],
+        epoch_tag: Callable[[str], str | None],
+        concurrency: int,
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._clock = clock
+        self._log = log
+        self._book = book
+        self._epoch_tag = epoch_tag
+        self._concurrency = concurrency
+        self.live: dict[str, BoxLive] = {box_id: BoxLive() for box_id in box_ids}
+        # box id -> what its cache holds, as its engine reported it for its latest epoch (kept while the
+        # box is down, so an outage does not reshuffle placement)
+        self.capacity: dict[str, BoxCapacity] = {}
+        self.suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
+        # Health and epoch writes the in-memory view is already ahead of, oldest first, one per key.
+        self._unwritten: dict[tuple[object, ...], Callable[[], Awaitable[object]]] = {}
+
+    # ------------------------------------------------------------------------------------------- polling
+
+    async def poll_all(self, boxes: Sequence[BoxSpec], now: float) -> bool:
+        """Poll every box, concurrently and bounded, and apply each answer to the view (its store writes
+        are queued: `flush`). True when a box went up or down, or restarted."""
+        limit = asyncio.Semaphore(self._concurrency)
+
+        async def poll(box: BoxSpec) -> Health:
+            async with limit:
+                return await self.poll(box)
+
+        results = await asyncio.gather(*(poll(box) for box in boxes))
+        changed = False
+        for box, (healthy, epoch, error) in zip(boxes, results, strict=True):
+            live = self.live.get(box.id)
+            up = healthy and epoch is not None
+            if live is not None and (up != live.healthy or (up and epoch != live.epoch)):
+                changed = True
+            await self.apply(box, healthy, epoch, error, now)
+        return changed
+
+    async def poll(self, box: BoxSpec) -> Health:
+        """(healthy, epoch, why not) of one box, as its engine answers now."""
+        try:
+            if not await self._engine.health(box):
+                return False, None, "health check failed"
+            epoch = await self._engine.epoch(box)
+            tag = self._epoch_tag(box.id)
+            return True, (epoch if tag is None else f"{epoch}~{tag}"), None
+        except WarmerError as exc:
+            return False, None, str(exc)
+
+    async def recheck(self, box: BoxSpec, lock: asyncio.Lock) -> bool:
+        """Look at one box now, between polls; True when something changed (applied under `lock`, the
+        fleet lock, and written if the store answers)."""
+        healthy, epoch, error = await self.poll(box)
+        live = self.live.get(box.id)
+        if live is not None and healthy == live.healthy and epoch == live.epoch:
+            return False
+        async with lock:
+            await self.apply(box, healthy, epoch, error, self._clock.now())
+            try:
+                await self.flush()
+            except StoreError as exc:  # the answer comes from the view; the next pass writes it
+                self._log.warning("box health not stored yet", box=box.id, error=str(exc))
+        return True
+
+    async def apply(
+        self, box: BoxSpec, healthy: bool, epoch: str | None, error: str | None, now: float
+    ) -> None:
+        """Change the in-memory view first, then queue its store writes: what the daemon sees of a box
+        must take it out of readiness at once, whether or not the database answers."""
+        live = self.live.get(box.id)
+        if live is None:
+            return  # removed from the fleet while it was being polled
+        if not healthy or epoch is None:
+            if live.healthy:
+                self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
+                event = LoggedEvent(
+                    at=now,
+                    kind=EventKind.BOX_UNHEALTHY,
+                    box_id=box.id,
+                    epoch=live.epoch,
+                    detail={"error": error},
+                )
+                self._event_later(event)
+            live.healthy, live.health_error = False, error
+            return
+        if epoch != live.epoch:
+            await self._new_epoch(box, epoch, live, now)
+            return
+        self._write_later((box.id, "epoch", epoch), functools.partial(self._store_epoch, box.id, epoch, now))
+        if not live.healthy:
+            self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
+        live.healthy, live.health_error = True, None
+
+    async def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
+        """A restart: the new process starts cold, its epoch is stored, its warm-up resumed if begun."""
+        self._book.keep_only_epoch(box.id, epoch)
+        fresh = BoxLive(
+            healthy=True, epoch=epoch, healthy_since=now, healthy_since_mono=self._clock.monotonic()
+        )
+        self.live[box.id] = fresh
+        self._log.info("box epoch", box=box.id, epoch=epoch, previous=previous.epoch)
+        key = (box.id, "epoch", epoch)
+        self._unwritten.pop(key, None)  # back to an epoch still queued: it is now the newest write
+        self._write_later(key, functools.partial(self._store_epoch, box.id, epoch, now, new=True))
+        await self._read_capacity(box)
+        try:
+            await self.flush()
+            await self._resume_warmup(box.id, epoch, fresh)
+        except StoreError as exc:  # cold until a pass can read the store: never warm by default
+            self._log.warning("box epoch not stored yet", box=box.id, epoch=epoch, error=str(exc))
+
+    # ------------------------------------------------------------------------------------- store writes
+
+    def _write_later(self, key: tuple[object, ...], write: Callable[[], Awaitable[object]]) -> None:
+        """Queue a store write behind the ones already waiting (one per `key`, (box id, what, ...): the
+        first one queued)."""
+        self._unwritten.setdefault(key, write)
+
+    def _event_later(self, event: LoggedEvent) -> None:
+        self._write_later(
+            (event.box_id, "event", event.kind, event.at), functools.partial(self._store.append_event, event)
+        )
+
+    async def flush(self) -> None:
+        """Write what the view is ahead of, oldest first; each leaves the queue once written, so a
+        StoreError (raised) keeps it and the rest for the next try."""
+        while self._unwritten:
+            key, write = next(iter(self._unwritten.items()))
+            await write()
+            del self._unwritten[key]
+
+    async def _store_epoch(self, box_id: str, epoch: str, at: float, *, new: bool = False) -> None:
+        """The box's epoch in the store; a new one also drops the box's records of every other epoch
+        (they died with their process). Safe to repeat after a failure part way."""
+        changed = await self._store.record_epoch(box_id, epoch, at)
+        if new:
+            dropped = await self._store.drop_other_epochs(box_id, epoch)
+            self._log.info("box epoch stored", box=box_id, epoch=epoch, new=changed, dropped_records=dropped)
+
+    # -------------------------------------------------------------------------------- the new process
+
+    async def _read_capacity(self, box: BoxSpec) -> None:
+        """What the new process's cache holds (placement never gives a box more prefixes than that)."""
+        try:
+            capacity = await self._engine.capacity(box)
+        except WarmerError as exc:
+            self._log.warning("box capacity unknown", box=box.id, error=str(exc))
+            return
+        if self.capacity.get(box.id) != capacity:
+            self._log.info(
+                "box capacity",
+                box=box.id,
+                prefixes=capacity.prefixes,
+                tokens=capacity.tokens,
+                source=capacity.source,
+            )
+        self.capacity[box.id] = capacity
+
+    async def _resume_warmup(self, box_id: str, epoch: str, live: BoxLive) -> None:
+        """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
+        counts as done only when its PREFIXES phase was reached; a failed phase waits for its retry."""
+        phases = await self._store.list_phases(box_id, epoch)
+        failed = [p for p in phases if p.ok is False]
+        if failed:
+            live.warmup = WarmupStatus.FAILED
+            live.warmup_finished_at = max(p.finished_at or p.started_at for p in failed)
+            live.warmup_error = failed[-1].error
+        elif prefixes := [p for p in phases if p.phase is PhaseName.PREFIXES]:
+            live.warmup = WarmupStatus.DONE
+            live.warmup_finished_at = max(p.started_at for p in prefixes)
+            live.resumed = True
+            if all(p.finished_at is None for p in prefixes):
+                # The previous daemon died mid-phase: this one finishes its row. A finished row is history
+                # this daemon must not overwrite with the timings of its re-verification probes.
+                live.prefixes_started_at = live.warmup_finished_at
+
+    # ------------------------------------------------------------------------------------- fleet edits
+
+    def add_box(self, box_id: str) -> None:
+        self.live[box_id] = BoxLive()
+
+    def forget_box(self, box_id: str) -> None:
+        """A box left the fleet: its epoch rows go with its box row, so a queued epoch write would now
+        fail on every pass."""
+        self.capacity.pop(box_id, None)
+        self.live.pop(box_id, None)
+        self._unwritten = {k: w for k, w in self._unwritten.items() if k[:2] != (box_id, "epoch")}
+
+    def set_suspect(self, box_id: str, suspect: bool) -> None:
+        if suspect:
+            self.suspect.add(box_id)
+        else:
+            self.suspect.discard(box_id)
+
+    def current_epochs(self) -> dict[str, str]:
+        return {box_id: live.epoch for box_id, live in self.live.items() if live.epoch is not None}
