@@ -45,6 +45,7 @@ class Answer:
     routed: bool
     prefix_hash: str | None = "abc"
     detail: str = ""
+    routes: tuple[Route, ...] = ()
 
 
 @dataclass
@@ -319,3 +320,13 @@ def test_a_routed_answer_names_the_slot_holding_the_prefix_where_slots_are_pinne
     assert (answer.box_id, answer.slot, answer.as_json()["slot"]) == ("b1", 1, 1)
     cold = FakeBackend(Answer("b1", WarmState.COLD, False), slots={"b1": 1})
     assert run(PrewarmService(cold, FakeClock()).prewarm(PrewarmAsk("sales"))).slot is None  # not ready
+
+
+def test_a_routed_answer_is_picked_from_the_routes_the_reconciler_answered_with() -> None:
+    """The reconciler's answer carries the routes it found (including a box of the group verified warm
+    since the last pass); the pick uses them instead of asking for the routes again."""
+    answer = Answer("b2", WarmState.WARM, True, routes=(Route("b2", 1.0),))
+    backend = FakeBackend(answer, routes=(Route("b1", 1.0),))
+    picked = {run(PrewarmService(backend, FakeClock()).prewarm(PrewarmAsk("sales", call_id=f"c{i}"))).box_id
+              for i in range(20)}  # fmt: skip
+    assert picked == {"b2"}

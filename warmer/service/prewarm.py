@@ -83,6 +83,11 @@ class EnsureAnswer(Protocol):
     @property
     def detail(self) -> str: ...
 
+    @property
+    def routes(self) -> Sequence[Route]:
+        """When routed: the routes the box was chosen from (empty: ask `routes_for`)."""
+        ...
+
 
 class PrewarmBackend(Protocol):
     """The reconciler, as the pre-call ask needs it."""
@@ -332,7 +337,7 @@ class PrewarmService:
         box_id = answer.box_id
         fleet = self._backend.fleet()
         if answer.routed:
-            routes = self._backend.routes_for(ask.agent_id)
+            routes = answer.routes or self._backend.routes_for(ask.agent_id)
             if routes:
 
                 def slots(box_id: str) -> int:

@@ -95,6 +95,7 @@ class Reconciler:
                 changed=lambda: self._changed,
                 routes_now=self._routes_now,
                 agent_routes=self.agent_routes,
+                joining_routes=self.joining_routes,
             ),
         )
         self._book, self._rollout, self._health = parts.book, parts.rollout, parts.health
@@ -247,6 +248,18 @@ class Reconciler:
             return ()
         observed = self._observed(for_routes=True)
         found = routes(desired, observed, self._clock.now(), self._config.planner, only=(agent_id,))
+        return found.get(agent_id, ())
+
+    def joining_routes(self, agent_id: str) -> tuple[Route, ...]:
+        """The agent's routes with every box of its group where its prefix is verified warm joined, as
+        the next pass's handover joins them: a pre-call ask need not wait for that pass."""
+        desired = self._desired.current
+        if desired is None:
+            return ()
+        group = {agent_id: desired.assignment.get(agent_id, ())}
+        joined = dataclasses.replace(desired, routing=group)
+        observed = self._observed(for_routes=True)
+        found = routes(joined, observed, self._clock.now(), self._config.planner, only=(agent_id,))
         return found.get(agent_id, ())
 
     def prefix_slot(self, agent_id: str, box_id: str) -> int | None:

@@ -42,6 +42,7 @@ class Hooks:
     changed: Callable[[], asyncio.Event]  # the event the next pass (or change) sets
     routes_now: Callable[[float], Mapping[str, tuple[Route, ...]] | None]  # None before the first pass
     agent_routes: Callable[[str], tuple[Route, ...]]
+    joining_routes: Callable[[str], tuple[Route, ...]]  # with the group's verified boxes joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +165,7 @@ def build_parts(
         runner=runner,
         rollout=rollout,
         routes_for=hooks.agent_routes,
+        joining_routes_for=hooks.joining_routes,
         poke=hooks.poke,
         changed=hooks.changed,
     )
