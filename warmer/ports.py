@@ -18,6 +18,7 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
+from warmer.core.residency import EventBatch
 from warmer.core.tokenizer_drift import TokenCountObservation
 
 
@@ -163,3 +164,24 @@ class GatewayPort(Protocol):
     async def registered(self) -> set[str]:
         """Base URLs the gateway currently routes to."""
         ...
+
+
+class CacheEventStream(Protocol):
+    """One box's KV cache events, in the order the engine published them (vLLM `--kv-events-config`)."""
+
+    async def receive(self) -> EventBatch:
+        """The next published batch (waits for it); MalformedResponse when it cannot be read."""
+        ...
+
+    async def replay(self, start_seq: int) -> list[EventBatch]:
+        """The batches the publisher still buffers from `start_seq` on, oldest first (it may have dropped
+        the first ones); NotSupported when the box has no replay socket."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class CacheEventPort(Protocol):
+    """Opens a box's event stream (`BoxSpec.kv_events`)."""
+
+    def subscribe(self, box: BoxSpec) -> CacheEventStream: ...

@@ -4,11 +4,59 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from warmer.config.section import Section, http_url
-from warmer.core.model import EngineKind
+from warmer.core.model import EngineKind, KvEventsEndpoint
+
+
+def _zmq_address(value: str, what: str) -> str:
+    """A ZMQ address warmer can connect to: tcp://host:port (no wildcard) or ipc://path."""
+    parts = urlsplit(value)
+    if parts.scheme == "ipc" and len(value) > len("ipc://"):
+        return value
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or "*" in value or port is None:
+        raise ValueError(
+            f"{what} must be tcp://host:port or ipc://path (the address to connect to), got {value!r}"
+        )
+    return value
+
+
+class KvEventsSettings(Section):
+    endpoint: str = Field(
+        description=(
+            "Address of the box's KV cache event publisher as warmer reaches it, e.g. tcp://10.0.0.5:5557 "
+            '(vLLM `--kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+            '"endpoint": "tcp://*:5557"}\'`). Evictions and restarts are then seen as they happen.'
+        )
+    )
+    replay_endpoint: str | None = Field(
+        default=None,
+        description=(
+            "Address of its replay socket (the config's `replay_endpoint`, e.g. tcp://10.0.0.5:5558): missed "
+            "events are fetched from it. Unset: a gap in the stream makes warmer fall back to probes."
+        ),
+    )
+    topic: str = Field(default="", description="The publisher's `topic` (vLLM's default is empty).")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _valid_endpoint(cls, value: str) -> str:
+        return _zmq_address(value, "endpoint")
+
+    @field_validator("replay_endpoint")
+    @classmethod
+    def _valid_replay(cls, value: str | None) -> str | None:
+        return None if value is None else _zmq_address(value, "replay_endpoint")
+
+    def endpoint_spec(self) -> KvEventsEndpoint:
+        return KvEventsEndpoint(self.endpoint, self.replay_endpoint, self.topic)
 
 
 class BoxSettings(Section):
@@ -45,10 +93,21 @@ class BoxSettings(Section):
         ),
     )
 
+    kv_events: KvEventsSettings | None = Field(
+        default=None,
+        description="The box's KV cache event stream (vLLM boxes only); unset: evictions are found by probe.",
+    )
+
     @field_validator("base_url")
     @classmethod
     def _valid_base_url(cls, value: str) -> str:
         return http_url(value, "base_url")
+
+    @model_validator(mode="after")
+    def _kv_events_on_vllm(self) -> BoxSettings:
+        if self.kv_events is not None and self.engine is not EngineKind.VLLM:
+            raise ValueError(f"kv_events is read from vllm boxes only, not {self.engine.value}")
+        return self
 
 
 class GatewaySettings(Section):

@@ -112,6 +112,7 @@ class Settings(BaseSettings):
                     group=box.group,
                     cache_capacity_tokens=box.cache_capacity_tokens,
                     prefix_capacity=box.prefix_capacity,
+                    kv_events=None if box.kv_events is None else box.kv_events.endpoint_spec(),
                 )
             )
         return tuple(specs)

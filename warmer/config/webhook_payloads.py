@@ -116,6 +116,14 @@ class AllowedBox(BoxSettings):
             raise ValueError(f"not allowed: {problem}")
         return value
 
+    @field_validator("kv_events")
+    @classmethod
+    def _no_event_sockets(cls, value: object) -> None:
+        """The allowlist covers base URLs only: an event may not make the daemon connect anywhere else."""
+        if value is not None:
+            raise ValueError("not allowed in an event: kv_events is set in the config file only")
+        return
+
 
 class BoxAdded(_Event):
     kind: Literal["box.added"]

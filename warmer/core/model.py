@@ -121,6 +121,15 @@ class CacheLayout:
 
 
 @dataclass(frozen=True, slots=True)
+class KvEventsEndpoint:
+    """Where a box publishes its KV cache events (vLLM `--kv-events-config`): ZMQ PUB, optional replay."""
+
+    endpoint: str  # e.g. tcp://10.0.0.5:5557 (the engine binds tcp://*:5557)
+    replay_endpoint: str | None = None  # its ROUTER socket, e.g. tcp://10.0.0.5:5558
+    topic: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class BoxSpec:
     """One engine endpoint (a GPU server or DP rank) as configured."""
 
@@ -132,6 +141,7 @@ class BoxSpec:
     group: str = ""  # optional placement group (e.g. a rack, a region, a dedicated pool)
     cache_capacity_tokens: int | None = None  # prefix tokens the box can hold, when known
     prefix_capacity: int | None = None  # distinct prefixes the box can hold at once, when known
+    kv_events: KvEventsEndpoint | None = None  # its cache event stream, when it publishes one
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -39,6 +39,7 @@ from warmer.root.dialer import DialerWiring
 from warmer.root.discovery import run_discovery
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.frontdoor import build_gateway, hitrate_config
+from warmer.root.kv_events import cache_event_task, follows_events
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
@@ -174,6 +175,11 @@ class Daemon:
         self.supervisor.add("hitrate", monitor.run)
         gauges = functools.partial(run_capacity_gauges, capacity, clock, settings.hitrate.poll_seconds)
         self.supervisor.add("capacity", gauges)
+        if follows_events(self.boxes):
+            events = cache_event_task(
+                fleet=reconciler.fleet, reactions=reconciler.evictions, engine=engines, clock=clock
+            )
+            self.supervisor.add("kv-events", events)
         if settings.fleet.gateway is not None:
             self.supervisor.add("gateway-sync", self._gateway_sync(settings.fleet.gateway, reconciler).run)
         if settings.fleet.discovery is not None:

@@ -177,6 +177,10 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int]:
         return prefix.text + suffix
 
+    def _request_extras(self, box: BoxSpec) -> JsonObject:
+        """Engine-specific fields of every completion request to the box."""
+        return {}
+
     async def _complete(
         self,
         box: BoxSpec,
@@ -194,6 +198,7 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
             "stream": False,
         }
         await self._add_model(box, body)
+        body.update(self._request_extras(box))
         if json_schema is not None:
             body["response_format"] = {
                 "type": "json_schema",

@@ -68,6 +68,14 @@ class VllmEngine(OpenAICompatibleEngine):
             self._layouts[box.id] = layout
         return layout
 
+    def _request_extras(self, box: BoxSpec) -> JsonObject:
+        """On a box whose KV cache events are followed, warmer's own requests ask for "full" reports:
+        a request that reuses cached blocks then announces them as `BlockStored` too
+        (`vllm/v1/core/kv_cache_manager.py`: `kv_cache_report_mode` from the request's `vllm_xargs`;
+        `block_pool.py` `emit_cached_block_events`), so a warm or probe that hits tells which blocks hold
+        its prefix even when warmer missed their first store (it started later, or lost the stream)."""
+        return {} if box.kv_events is None else {"vllm_xargs": {"kv_cache_report_mode": "full"}}
+
     async def _prompt_for(self, box: BoxSpec, prefix: Prefix, suffix: str) -> str | list[int]:
         if prefix.token_ids is None:
             return prefix.text + suffix

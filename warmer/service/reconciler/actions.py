@@ -57,6 +57,7 @@ from warmer.core.warmstate import (
 )
 from warmer.ports import Clock, StorePort
 from warmer.service.reconciler.catalogue import PrefixCatalogue
+from warmer.service.reconciler.evictions import EvictionReactions
 from warmer.service.reconciler.prompts import PromptStaging
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
@@ -89,6 +90,7 @@ class ActionRunner:
         catalogue: PrefixCatalogue,
         staging: PromptStaging,
         poke: Callable[[], None],
+        evictions: EvictionReactions | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -105,6 +107,7 @@ class ActionRunner:
         self._catalogue = catalogue
         self._staging = staging
         self._poke = poke
+        self._evictions = evictions
         self.in_flight: dict[tuple[str, str], Waiter] = {}
         self._finished = asyncio.Event()  # set (and replaced) each time engine work finishes
         self.buckets: dict[str, TokenBucket] = {}
@@ -130,6 +133,8 @@ class ActionRunner:
                     action.box_id, action.epoch, action.prefix_hash, WarmFailed(action.reason), action.reason
                 )
             elif isinstance(action, WarmPrefix | ProbePrefix):
+                if self._evictions is not None and await self._evictions.renewed(action):
+                    continue  # a keepalive of a prefix the box's KV cache events say it holds
                 probe = isinstance(action, ProbePrefix)
                 self.start_engine_work(
                     action.box_id,
@@ -410,6 +415,8 @@ class ActionRunner:
             self._log.warning("warm result no longer applies", error=str(exc))
             return record
         await self._book.write(updated, reason=why, previous=record.state)
+        if outcome.verified and self._evictions is not None:
+            self._evictions.verified(self._boxes[box_id], self._prefix_of(key[2]))
         if outcome.verified and outcome.slot is not None:
             self._book.keep_pin(key, outcome.slot)
         elif not outcome.verified:

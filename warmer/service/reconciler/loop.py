@@ -96,12 +96,15 @@ class Reconciler:
                 routes_now=self._routes_now,
                 agent_routes=self.agent_routes,
                 joining_routes=self.joining_routes,
+                recheck_box=self.recheck_box,
             ),
         )
         self._book, self._rollout, self._health = parts.book, parts.rollout, parts.health
         self._activity, self._catalogue, self._staging = parts.activity, parts.catalogue, parts.staging
         self._desired, self._runner, self._ready = parts.desired, parts.runner, parts.ready
         self._promotion, self._fleet, self._precall = parts.promotion, parts.fleet, parts.precall
+        # What the box's KV cache events say, acted on (`evictions`); the event root task reports to it.
+        self.evictions = parts.evictions
 
     # ------------------------------------------------------------------------------------------ lifecycle
 

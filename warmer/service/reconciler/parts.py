@@ -8,7 +8,7 @@ only through `Hooks`. `Reconciler` (`loop`) builds them here once and runs the p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -21,6 +21,7 @@ from warmer.service.reconciler.actions import ActionRunner
 from warmer.service.reconciler.activity import AgentActivity
 from warmer.service.reconciler.catalogue import PrefixCatalogue
 from warmer.service.reconciler.desired import DesiredState
+from warmer.service.reconciler.evictions import EvictionReactions
 from warmer.service.reconciler.fleet_edits import FleetEdits, Rollout
 from warmer.service.reconciler.precall import PrecallWarming
 from warmer.service.reconciler.prompts import PromptPromotion, PromptStaging
@@ -40,6 +41,7 @@ class Hooks:
     poke: Callable[[], None]  # wake a pass
     notify_changed: Callable[[], None]  # readiness or routes changed between passes
     changed: Callable[[], asyncio.Event]  # the event the next pass (or change) sets
+    recheck_box: Callable[[str], Awaitable[None]]  # look at one box now, between health polls
     routes_now: Callable[[float], Mapping[str, tuple[Route, ...]] | None]  # None before the first pass
     agent_routes: Callable[[str], tuple[Route, ...]]
     joining_routes: Callable[[str], tuple[Route, ...]]  # with the group's verified boxes joined
@@ -59,6 +61,7 @@ class Parts:
     promotion: PromptPromotion
     fleet: FleetEdits
     precall: PrecallWarming
+    evictions: EvictionReactions
 
 
 def build_parts(
@@ -110,6 +113,14 @@ def build_parts(
         observed_demand=demand or dict,
         log=log,
     )
+    evictions = EvictionReactions(
+        book=book,
+        epoch_of=lambda box_id: live.epoch if (live := health.live.get(box_id)) is not None else None,
+        recheck=hooks.recheck_box,
+        poke=hooks.poke,
+        clock=clock,
+        retry=config.planner.retry,
+    )
     runner = ActionRunner(
         store=store,
         clock=clock,
@@ -126,6 +137,7 @@ def build_parts(
         catalogue=catalogue,
         staging=staging,
         poke=hooks.poke,
+        evictions=evictions,
     )
     promotion = PromptPromotion(
         store=store,
@@ -182,4 +194,5 @@ def build_parts(
         promotion=promotion,
         fleet=fleet,
         precall=precall,
+        evictions=evictions,
     )

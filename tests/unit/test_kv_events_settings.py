@@ -1,0 +1,108 @@
+"""`[fleet.boxes.kv_events]`: where a vLLM box publishes its KV cache events, checked before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from warmer.config.settings import load_settings
+from warmer.config.webhook_payloads import parse_deploy_event
+from warmer.core.errors import ConfigError
+from warmer.core.model import KvEventsEndpoint
+from warmer.core.webhook import BoxUrlPolicy, InvalidEvent
+
+BOX = """
+[[fleet.boxes]]
+id = "v1"
+base_url = "http://127.0.0.1:8000"
+engine = "{engine}"
+model = "tiny"
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("WARMER_"):
+            monkeypatch.delenv(name)
+
+
+def load(tmp_path: Path, text: str) -> list[tuple[str, str]] | tuple[KvEventsEndpoint | None, ...]:
+    path = tmp_path / "warmer.toml"
+    path.write_text(text)
+    try:
+        settings = load_settings(path)
+    except ConfigError as error:
+        return error.problems
+    return tuple(box.kv_events for box in settings.box_specs())
+
+
+def test_a_vllm_box_names_its_publisher_and_replay_socket(tmp_path: Path) -> None:
+    text = BOX.format(engine="vllm") + (
+        "[fleet.boxes.kv_events]\nendpoint = 'tcp://10.0.0.5:5557'\nreplay_endpoint = 'tcp://10.0.0.5:5558'\n"
+    )
+    assert load(tmp_path, text) == (KvEventsEndpoint("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558", ""),)
+
+
+def test_a_box_without_kv_events_has_none(tmp_path: Path) -> None:
+    assert load(tmp_path, BOX.format(engine="vllm")) == (None,)
+
+
+@pytest.mark.parametrize(
+    ("kv_events", "path", "named"),
+    [
+        ("endpoint = 'tcp://*:5557'", "fleet.boxes[0].kv_events.endpoint", "tcp://host:port"),
+        ("endpoint = 'http://h:5557'", "fleet.boxes[0].kv_events.endpoint", "tcp://host:port"),
+        ("endpoint = 'tcp://h'", "fleet.boxes[0].kv_events.endpoint", "tcp://host:port"),
+        (
+            "endpoint = 'tcp://h:1'\nreplay_endpoint = 'tcp://h:port'",
+            "fleet.boxes[0].kv_events.replay_endpoint",
+            "tcp://host:port",
+        ),
+        ("endpoint = 'tcp://h:1'\nsocket = 'x'", "fleet.boxes[0].kv_events.socket", "Extra inputs"),
+    ],
+)
+def test_a_bad_address_is_refused_by_field(tmp_path: Path, kv_events: str, path: str, named: str) -> None:
+    problems = load(tmp_path, BOX.format(engine="vllm") + f"[fleet.boxes.kv_events]\n{kv_events}\n")
+    assert isinstance(problems, list)
+    assert [p for p, _ in problems] == [path]
+    assert named in problems[0][1]
+
+
+def test_kv_events_on_another_engine_is_refused(tmp_path: Path) -> None:
+    problems = load(
+        tmp_path, BOX.format(engine="sglang") + "[fleet.boxes.kv_events]\nendpoint = 'tcp://h:1'\n"
+    )
+    assert isinstance(problems, list)
+    assert len(problems) == 1
+    assert problems[0][0].startswith("fleet.boxes[0]")
+    assert "vllm boxes only" in problems[0][1]
+
+
+def test_an_ipc_address_is_accepted(tmp_path: Path) -> None:
+    text = BOX.format(engine="vllm") + "[fleet.boxes.kv_events]\nendpoint = 'ipc:///run/vllm/kv'\n"
+    assert load(tmp_path, text) == (KvEventsEndpoint("ipc:///run/vllm/kv"),)
+
+
+def test_a_box_added_by_a_deploy_event_may_not_name_event_sockets() -> None:
+    # The event's base_url must pass the allowlist; a ZMQ address would be a connection it does not cover.
+    body = {
+        "kind": "box.added",
+        "id": "add-1",
+        "occurred_at": 1700000000,
+        "box": {
+            "id": "v9",
+            "base_url": "http://10.0.9.3:8000",
+            "engine": "vllm",
+            "model": "tiny",
+            "kv_events": {"endpoint": "tcp://10.0.9.3:5557"},
+        },
+    }
+    with pytest.raises(InvalidEvent) as caught:
+        parse_deploy_event(json.dumps(body), box_url_policy=BoxUrlPolicy(("http://10.0.9.*:8000",)))
+    assert [path for path, _ in caught.value.problems] == ["box.kv_events"]
+    assert "config file only" in caught.value.problems[0][1]

@@ -1,0 +1,158 @@
+"""The reconciler wired to a box's KV cache events: the re-warm follows the engine's removal, and a due
+keepalive of a prefix the events say is held sends nothing.
+
+The real Reconciler over the fake engine (tests/unit/reconciler_fakes.py); the events come from the fake
+publisher (tests/unit/kv_cache_fakes.py), published as the engine would after warmer's own warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+import pytest
+
+from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, TickClock
+from tests.unit.reconciler_fakes import PROFILE, World, settle, world
+from warmer.core.model import KvEventsEndpoint, Prefix, WarmRecord, WarmState
+from warmer.core.planner import PlannerConfig
+from warmer.core.residency import PrefixState
+from warmer.service.cache_events import CacheEventWatcher, ResetReason
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def followed(w: World) -> tuple[CacheEventWatcher, FakePublisher]:
+    """A watcher over the fake port following b1, reporting to the reconciler's reactions."""
+    publisher = FakePublisher()
+    box = replace(w.reconciler.fleet()["b1"], kv_events=KvEventsEndpoint("tcp://b1:5557"))
+    watcher = CacheEventWatcher(
+        port=FakePort(publisher),
+        listener=w.reconciler.evictions,
+        fleet=lambda: [box],
+        tokenize=w.engine.tokenize,
+        clock=TickClock(),
+    )
+    w.reconciler.evictions.attach(watcher)
+    watcher.sync_boxes([box])
+    return watcher, publisher
+
+
+async def warm_record(w: World) -> WarmRecord:
+    (record,) = await w.store.list_warm()
+    return record
+
+
+async def transitions(w: World) -> list[str]:
+    return [str(e.detail["reason"]) for e in await w.store.events(limit=100) if e.kind == "warm_transition"]
+
+
+def run(scenario: Callable[[World], Awaitable[None]], store_url: str) -> None:
+    async def go() -> None:
+        w = world(
+            store_url, box_ids=("b1",), planner=PlannerConfig(retire_idle_after_seconds=None), min_group=1
+        )
+        try:
+            await scenario(w)
+        finally:
+            await w.reconciler.close()
+            await w.store.close()
+
+    asyncio.run(go())
+
+
+def the_prefix(w: World) -> Prefix:
+    return w.source.compute(next(iter(w.reconciler.agent_specs().values()))).prefix
+
+
+def test_an_evicted_prefix_is_rewarmed_on_the_event_without_a_probe(store_url: str) -> None:
+    async def scenario(w: World) -> None:
+        watcher, publisher = followed(w)
+        await asyncio.sleep(0)
+        await publisher.settled()
+        cache, prefix = FakeCache(), the_prefix(w)
+        assert prefix.token_ids is not None
+        await settle(w.reconciler)
+        await w.reconciler.evictions.wait_idle()  # the verified prefix is now followed
+        publisher.publish(cache.store(prefix.token_ids))
+        await publisher.settled()
+        assert getattr(watcher.state("b1", prefix.hash), "state", None) is PrefixState.RESIDENT
+        warms, probes = len(w.engine.warms("b1")), len(w.engine.probes("b1"))
+
+        publisher.publish(cache.evict(prefix.token_ids, 3))
+        await publisher.settled()
+        await w.reconciler.evictions.wait_idle()
+        assert (await warm_record(w)).state is WarmState.EVICTED  # at once, before any pass
+        await settle(w.reconciler)
+
+        assert (await warm_record(w)).state is WarmState.WARM
+        assert len(w.engine.warms("b1")) > warms  # re-warmed
+        assert len(w.engine.probes("b1")) == probes + 1  # only the re-warm's own verification
+        reasons = await transitions(w)
+        assert any(r.startswith("kv event: evicted, the engine holds 12 of its tokens") for r in reasons)
+        await watcher.close()
+
+    run(scenario, store_url)
+
+
+def test_a_due_keepalive_of_a_prefix_the_events_hold_sends_nothing(store_url: str) -> None:
+    async def scenario(w: World) -> None:
+        watcher, publisher = followed(w)
+        await asyncio.sleep(0)
+        await publisher.settled()
+        prefix = the_prefix(w)
+        assert prefix.token_ids is not None
+        await settle(w.reconciler)
+        await w.reconciler.evictions.wait_idle()
+        publisher.publish(FakeCache().store(prefix.token_ids))
+        await publisher.settled()
+        sent = len(w.engine.log)
+
+        w.clock.t += PROFILE.keepalive_seconds
+        await settle(w.reconciler)
+
+        record = await warm_record(w)
+        assert (record.state, record.verified_at) == (WarmState.WARM, w.clock.t)
+        assert len(w.engine.log) == sent  # no touch reached the engine
+        assert any(r.startswith("kv events: still resident") for r in await transitions(w))
+        await watcher.close()
+
+    run(scenario, store_url)
+
+
+def test_a_prefix_the_events_do_not_vouch_for_is_touched_as_before(store_url: str) -> None:
+    async def scenario(w: World) -> None:
+        watcher, publisher = followed(w)
+        await asyncio.sleep(0)
+        await publisher.settled()
+        await settle(w.reconciler)
+        await w.reconciler.evictions.wait_idle()
+        warms = len(w.engine.warms("b1"))  # no store event published: the prefix stays UNKNOWN
+
+        w.clock.t += PROFILE.keepalive_seconds
+        await settle(w.reconciler)
+
+        assert len(w.engine.warms("b1")) == warms + 1  # the keepalive touch went out
+        assert "keepalive due" in await transitions(w)
+        await watcher.close()
+
+    run(scenario, store_url)
+
+
+def test_a_sequence_reset_looks_at_the_box_at_once(store_url: str) -> None:
+    async def scenario(w: World) -> None:
+        watcher, publisher = followed(w)
+        await asyncio.sleep(0)
+        await publisher.settled()
+        await settle(w.reconciler)
+        old_epoch = (await warm_record(w)).epoch
+        w.engine.restart("b1")  # a new process: new epoch
+
+        w.reconciler.evictions.box_reset("b1", ResetReason.RESTARTED)
+        await w.reconciler.evictions.wait_idle()
+
+        assert w.reconciler.snapshot().live["b1"].epoch not in (None, old_epoch)  # seen before any pass
+        await watcher.close()
+
+    run(scenario, store_url)

@@ -1,0 +1,381 @@
+"""Which warmed prefixes a box's KV cache still holds, from the engine's own cache events.
+
+vLLM (`--kv-events-config`) publishes every change to its prefix cache: `BlockStored` (full blocks that
+became reusable, with their token ids, the hash of each and the hash of the block before the first),
+`BlockRemoved` (hashes evicted), `AllBlocksCleared` (the whole cache reset). A block's hash chains over
+its parent's hash, its tokens and extra keys (LoRA, cache salt, multimodal inputs), from a per-process
+random seed unless PYTHONHASHSEED is set (`vllm/v1/core/kv_cache_utils.py`, `hash_block_tokens`,
+`NONE_HASH`), so warmer cannot compute the hashes itself: it learns them.
+
+The learning needs no guess about which request stored what. Every stored plain block (no LoRA, no extra
+keys, the engine's own GPU cache) is indexed by (parent hash, digest of its tokens); a warmed prefix's
+token ids cut into the event's block size give the same digests, so walking the index from the root
+(parent None) gives the prefix's block hashes, whichever request stored them. The index mirrors what the
+engine holds (a block leaves it on `BlockRemoved`), so it is bounded by the engine's own cache size.
+
+A prefix is RESIDENT when every one of its full blocks is held, EVICTED when it was learned (or the cache
+is known to be empty) and a block is gone, UNKNOWN while its blocks were never all seen. UNKNOWN is the
+honest answer after warmer (re)subscribes to a process whose earlier events it missed: a warm that hits
+already-cached blocks stores nothing new, so nothing announces them, and such a prefix keeps the
+timer/probe path. A hit reaches only as far as the first missing block (the chain is matched from its
+start), so `resident_tokens` is the blocks held from the start times the block size.
+
+A hash is held or not: a second `BlockStored` of a held hash changes nothing and one `BlockRemoved`
+drops it. vLLM does not de-duplicate blocks (two requests computing one prefix at once may each cache a
+copy; `vllm/v1/core/block_pool.py`), so a removal may leave a copy behind, and with a request's
+`kv_cache_report_mode` "full" it re-announces the cached blocks a hit reused (`emit_cached_block_events`)
+without a new copy. Counting copies would then miss evictions; a spare copy only costs a re-warm that hits.
+
+The stream is numbered: each batch carries a sequence number from 0 per publisher process
+(`vllm/distributed/kv_events.py`, `ZmqEventPublisher`: `count()`). A gap is filled from the replay socket;
+a number going backwards is a new publisher, i.e. an engine restart, whose cache starts empty.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+BlockHash = int | bytes
+_GPU_MEDIA = (None, "GPU")  # vLLM's own prefix cache; offloaded copies (e.g. "CPU") are not it
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Full blocks that became reusable: `token_ids` is their tokens, `block_size` per block."""
+
+    block_hashes: tuple[BlockHash, ...]
+    parent_hash: BlockHash | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    group: int = 0  # KV cache group (hybrid models have several); None on the wire is group 0
+    medium: str | None = None
+    plain: bool = True  # no LoRA and no extra hash keys: a block a warm request can have stored
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    block_hashes: tuple[BlockHash, ...]
+    group: int = 0
+    medium: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The engine emptied its prefix cache (`reset_prefix_cache`)."""
+
+
+CacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """One published message: its sequence number, the engine's timestamp, its events in order."""
+
+    seq: int
+    ts: float
+    events: tuple[CacheEvent, ...]
+    rank: int | None = None  # the publisher's data-parallel rank, when it says
+
+
+class SeqVerdict(enum.StrEnum):
+    FIRST = "first"  # nothing seen yet from this stream
+    NEXT = "next"
+    GAP = "gap"  # batches were missed: replay them from `SequenceCursor.expected`
+    RESET = "reset"  # the number went backwards: a new publisher process (an engine restart)
+
+
+@dataclass(slots=True)
+class SequenceCursor:
+    """The last sequence number applied from one publisher."""
+
+    last: int | None = None
+
+    @property
+    def expected(self) -> int:
+        return 0 if self.last is None else self.last + 1
+
+    def classify(self, seq: int) -> SeqVerdict:
+        if self.last is None:
+            return SeqVerdict.FIRST
+        if seq == self.last + 1:
+            return SeqVerdict.NEXT
+        if seq > self.last + 1:
+            return SeqVerdict.GAP
+        return SeqVerdict.RESET
+
+    def advance(self, seq: int) -> None:
+        self.last = seq
+
+
+def replay_covers(start: int, replayed: Sequence[EventBatch]) -> bool:
+    """Whether a replay answer holds every batch from `start` on (its buffer may have dropped the oldest)."""
+    return bool(replayed) and replayed[0].seq <= start
+
+
+class PrefixState(enum.StrEnum):
+    UNKNOWN = "unknown"  # its blocks were never all seen stored (or the stream lost track)
+    RESIDENT = "resident"  # every full block of it is in the cache
+    EVICTED = "evicted"  # at least one of its blocks is known to be gone
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixResidency:
+    prefix_hash: str
+    state: PrefixState
+    resident_tokens: int  # tokens of the prefix held from its start (a hit reaches that far)
+    tracked_tokens: int  # tokens in the prefix's full blocks: what RESIDENT covers (0: block size unknown)
+    block_tokens: int = 0  # the engine's block size (the largest of its groups'; 0: not known yet)
+
+
+def block_digests(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """Digest of each full block of `token_ids` (a trailing partial block is never cached)."""
+    full = len(token_ids) // block_size
+    return tuple(hash(tuple(token_ids[i * block_size : (i + 1) * block_size])) for i in range(full))
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    parent: BlockHash | None
+    digest: int
+
+
+@dataclass(slots=True)
+class _Watched:
+    prefix_hash: str
+    token_ids: tuple[int, ...]
+    state: PrefixState = PrefixState.UNKNOWN
+    resident_tokens: int = 0
+    digests: dict[int, tuple[int, ...]] = field(default_factory=dict)  # per block size
+    chain: list[tuple[int, BlockHash]] = field(default_factory=list)  # (group, hash) of held blocks
+    frontier: list[tuple[int, BlockHash | None, int]] = field(default_factory=list)  # next block per group
+
+    def digests_for(self, block_size: int) -> tuple[int, ...]:
+        cached = self.digests.get(block_size)
+        if cached is None:
+            cached = self.digests[block_size] = block_digests(self.token_ids, block_size)
+        return cached
+
+
+class MirrorOverflow(Exception):
+    """The mirror grew past its bound: removals were missed (the engine's cache cannot hold that many)."""
+
+
+class BoxResidency:
+    """One engine process's cache, as its events tell it, and the state of each watched prefix.
+
+    Every mutating call returns only the prefixes whose state differs from before the call, so a caller
+    reacts once per transition (how far an evicted prefix still reaches is in `state`).
+    """
+
+    def __init__(self, *, max_blocks: int = 2_000_000) -> None:
+        if max_blocks < 1:
+            raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
+        self._max_blocks = max_blocks
+        self._live: dict[tuple[int, BlockHash], _Block] = {}
+        self._child: dict[tuple[int, BlockHash | None, int], BlockHash] = {}
+        self._block_size: dict[int, int] = {}  # per group, from its events
+        self._watched: dict[str, _Watched] = {}
+        self._holders: dict[tuple[int, BlockHash], set[str]] = {}  # held block -> prefixes through it
+        self._waiting: dict[tuple[int, BlockHash | None, int], set[str]] = {}  # next block -> prefixes
+        self._before: dict[str, PrefixState] = {}  # each prefix's state before the running call
+
+    @property
+    def blocks(self) -> int:
+        """Plain blocks the engine holds, as far as the events said."""
+        return len(self._live)
+
+    def watched(self) -> list[str]:
+        return list(self._watched)
+
+    def state(self, prefix_hash: str) -> PrefixResidency | None:
+        watched = self._watched.get(prefix_hash)
+        return None if watched is None else self._view(watched)
+
+    def watch(self, prefix_hash: str, token_ids: Sequence[int]) -> list[PrefixResidency]:
+        """Follow a prefix by the engine's token ids for it; blocks already held count at once."""
+        ids = tuple(token_ids)
+        existing = self._watched.get(prefix_hash)
+        if existing is not None and existing.token_ids == ids:
+            return []
+        self.forget(prefix_hash)
+        watched = self._watched[prefix_hash] = _Watched(prefix_hash, ids)
+        self._before[prefix_hash] = watched.state
+        self._walk(watched)
+        return self._changes()
+
+    def forget(self, prefix_hash: str) -> None:
+        watched = self._watched.pop(prefix_hash, None)
+        if watched is not None:
+            self._unlink(watched)
+
+    def apply(self, events: Iterable[CacheEvent]) -> list[PrefixResidency]:
+        """Apply one batch's events in order.
+
+        Raises MirrorOverflow when the mirror outgrows `max_blocks` (then call `lose_track`)."""
+        touched: dict[str, _Watched] = {}
+        for event in events:
+            if isinstance(event, AllBlocksCleared):
+                touched.clear()
+                self._clear()
+            elif event.medium not in _GPU_MEDIA:
+                continue
+            elif isinstance(event, BlockStored):
+                self._store(event, touched)
+            else:
+                self._remove(event, touched)
+        self._settle(touched)
+        if len(self._live) > self._max_blocks:
+            raise MirrorOverflow(f"{len(self._live)} blocks held > {self._max_blocks}")
+        return self._changes()
+
+    def clear(self) -> list[PrefixResidency]:
+        """The cache is known to be empty (restart, `AllBlocksCleared`): every watched prefix is gone."""
+        self._clear()
+        return self._changes()
+
+    def lose_track(self) -> list[PrefixResidency]:
+        """Events were missed beyond repair: nothing is known any more, the learning starts over."""
+        self._drop_mirror()
+        self._block_size.clear()
+        for watched in self._watched.values():
+            self._note(watched)
+            watched.state, watched.resident_tokens = PrefixState.UNKNOWN, 0
+        return self._changes()
+
+    # -- the mirror
+
+    def _clear(self) -> None:
+        self._drop_mirror()
+        for watched in self._watched.values():
+            self._note(watched)
+            if self._tracked_tokens(watched) > 0 or watched.state is not PrefixState.UNKNOWN:
+                watched.state = PrefixState.EVICTED
+            self._walk(watched)
+
+    def _drop_mirror(self) -> None:
+        self._live.clear()
+        self._child.clear()
+        self._holders.clear()
+        self._waiting.clear()
+        for watched in self._watched.values():
+            watched.chain.clear()
+            watched.frontier.clear()
+
+    def _store(self, event: BlockStored, touched: dict[str, _Watched]) -> None:
+        if not event.plain or event.block_size < 1:
+            return
+        if len(event.token_ids) != len(event.block_hashes) * event.block_size:
+            return  # not one run of full blocks: nothing to index it by
+        new_size = self._block_size.get(event.group) != event.block_size
+        self._block_size[event.group] = event.block_size
+        parent = event.parent_hash
+        size = event.block_size
+        for i, block_hash in enumerate(event.block_hashes):
+            digest = hash(tuple(event.token_ids[i * size : (i + 1) * size]))
+            key = (event.group, block_hash)
+            if key not in self._live:
+                self._live[key] = _Block(parent, digest)
+                self._child[(event.group, parent, digest)] = block_hash
+            for prefix_hash in self._waiting.get((event.group, parent, digest), ()):
+                touched[prefix_hash] = self._watched[prefix_hash]
+            parent = block_hash
+        if new_size:
+            touched.update(self._watched)
+
+    def _remove(self, event: BlockRemoved, touched: dict[str, _Watched]) -> None:
+        for block_hash in event.block_hashes:
+            key = (event.group, block_hash)
+            block = self._live.pop(key, None)
+            if block is None:
+                continue
+            child_key = (event.group, block.parent, block.digest)
+            if self._child.get(child_key) == block_hash:
+                del self._child[child_key]
+            for prefix_hash in self._holders.get(key, ()):
+                touched[prefix_hash] = self._watched[prefix_hash]
+
+    # -- watched prefixes
+
+    def _note(self, watched: _Watched) -> None:
+        self._before.setdefault(watched.prefix_hash, watched.state)
+
+    def _changes(self) -> list[PrefixResidency]:
+        changed = []
+        for prefix_hash, before in self._before.items():
+            watched = self._watched.get(prefix_hash)
+            if watched is not None and watched.state is not before:
+                changed.append(self._view(watched))
+        self._before.clear()
+        return changed
+
+    def _settle(self, touched: dict[str, _Watched]) -> None:
+        for watched in touched.values():
+            self._note(watched)
+            self._walk(watched)
+        touched.clear()
+
+    def _walk(self, watched: _Watched) -> None:
+        """Follow the prefix's blocks from the root in every group; the shortest run held decides."""
+        self._unlink(watched)
+        resident: int | None = None
+        complete = bool(self._block_size)
+        for group, size in sorted(self._block_size.items()):
+            digests = watched.digests_for(size)
+            parent: BlockHash | None = None
+            held = 0
+            for digest in digests:
+                block_hash = self._child.get((group, parent, digest))
+                if block_hash is None:
+                    break
+                watched.chain.append((group, block_hash))
+                parent = block_hash
+                held += 1
+            if held < len(digests):
+                watched.frontier.append((group, parent, digests[held]))
+            if not digests or held < len(digests):
+                complete = False
+            tokens = held * size
+            resident = tokens if resident is None else min(resident, tokens)
+        watched.resident_tokens = resident or 0
+        if complete:
+            watched.state = PrefixState.RESIDENT
+        elif watched.state is not PrefixState.UNKNOWN:
+            watched.state = PrefixState.EVICTED
+        self._link(watched)
+
+    def _link(self, watched: _Watched) -> None:
+        for key in watched.chain:
+            self._holders.setdefault(key, set()).add(watched.prefix_hash)
+        for frontier in watched.frontier:
+            self._waiting.setdefault(frontier, set()).add(watched.prefix_hash)
+
+    def _unlink(self, watched: _Watched) -> None:
+        for key in watched.chain:
+            holders = self._holders.get(key)
+            if holders is not None:
+                holders.discard(watched.prefix_hash)
+                if not holders:
+                    del self._holders[key]
+        for frontier in watched.frontier:
+            waiting = self._waiting.get(frontier)
+            if waiting is not None:
+                waiting.discard(watched.prefix_hash)
+                if not waiting:
+                    del self._waiting[frontier]
+        watched.chain.clear()
+        watched.frontier.clear()
+
+    def _tracked_tokens(self, watched: _Watched) -> int:
+        sizes = [size * len(watched.digests_for(size)) for size in self._block_size.values()]
+        return min(sizes) if sizes else 0
+
+    def _view(self, watched: _Watched) -> PrefixResidency:
+        return PrefixResidency(
+            watched.prefix_hash,
+            watched.state,
+            watched.resident_tokens,
+            self._tracked_tokens(watched),
+            max(self._block_size.values(), default=0),
+        )
