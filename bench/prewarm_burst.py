@@ -22,7 +22,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,8 +175,8 @@ class NaiveBackend:
     def routes_for(self, agent_id: str) -> Sequence[Route]:
         return ()
 
-    def fleet(self) -> Mapping[str, BoxSpec]:
-        return {b.id: b for b in self._boxes}
+    def box(self, box_id: str) -> BoxSpec | None:
+        return next((b for b in self._boxes if b.id == box_id), None)
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return None

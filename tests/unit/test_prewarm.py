@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,8 +73,8 @@ class FakeBackend:
     def routes_for(self, agent_id: str) -> Sequence[Route]:
         return self.routes
 
-    def fleet(self) -> Mapping[str, BoxSpec]:
-        return self.boxes
+    def box(self, box_id: str) -> BoxSpec | None:
+        return self.boxes.get(box_id)
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return self.slots.get(box_id)

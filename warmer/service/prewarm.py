@@ -102,8 +102,8 @@ class PrewarmBackend(Protocol):
         """The agent's ready boxes with ramp weights, in spill order."""
         ...
 
-    def fleet(self) -> Mapping[str, BoxSpec]:
-        """The boxes the daemon may call now, by id (read once per ask)."""
+    def box(self, box_id: str) -> BoxSpec | None:
+        """A box the daemon may call now (None: it left the fleet)."""
         ...
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
@@ -335,19 +335,25 @@ class PrewarmService:
         answer = await self._backend.ensure_warm(ask.agent_id, wait)
         waited_ms = max(0, round((self._clock.monotonic() - started) * 1000))
         box_id = answer.box_id
-        fleet = self._backend.fleet()
+        specs: dict[str, BoxSpec | None] = {}  # each box looked up once per ask
+
+        def spec(box_id: str) -> BoxSpec | None:
+            if box_id not in specs:
+                specs[box_id] = self._backend.box(box_id)
+            return specs[box_id]
+
         if answer.routed:
             routes = answer.routes or self._backend.routes_for(ask.agent_id)
             if routes:
 
                 def slots(box_id: str) -> int:
-                    box = fleet.get(box_id)
+                    box = spec(box_id)
                     return box.slots if box is not None else 1
 
                 box_id = pick_least_loaded(routes, ask.call_id, self.ledger, slots, self._rng).box_id
         if box_id is None:
             raise PrewarmUnavailable(answer.detail or "no box can serve the agent now")
-        box = fleet.get(box_id)
+        box = spec(box_id)
         if box is None:  # the fleet changed under the answer
             raise PrewarmUnavailable(f"box {box_id!r} left the fleet")
         self.ledger.hand(box_id, ask.call_id)
@@ -371,7 +377,7 @@ class ReconcilerBackend:
         self._reconciler = reconciler
 
     def knows(self, agent_id: str) -> bool:
-        return agent_id in self._reconciler.agent_specs()
+        return self._reconciler.knows(agent_id)
 
     async def ensure_warm(self, agent_id: str, wait_seconds: float) -> EnsureAnswer:
         try:
@@ -382,8 +388,8 @@ class ReconcilerBackend:
     def routes_for(self, agent_id: str) -> Sequence[Route]:
         return self._reconciler.agent_routes(agent_id)
 
-    def fleet(self) -> Mapping[str, BoxSpec]:
-        return self._reconciler.fleet()
+    def box(self, box_id: str) -> BoxSpec | None:
+        return self._reconciler.box(box_id)
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return self._reconciler.prefix_slot(agent_id, box_id)

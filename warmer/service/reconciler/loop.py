@@ -25,8 +25,8 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import StoreError
-from warmer.core.model import BoxSpec, ModelProfile
-from warmer.core.planner import BoxObservation, Observed, plan
+from warmer.core.model import BoxSpec, ModelProfile, WarmRecord
+from warmer.core.planner import BoxObservation, Desired, Observed, WarmKey, plan
 from warmer.core.readiness import Route, box_ready, routes
 from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.reconciler.parts import Hooks, build_parts
@@ -249,9 +249,8 @@ class Reconciler:
         desired = self._desired.current
         if desired is None:
             return ()
-        observed = self._observed(for_routes=True)
-        found = routes(desired, observed, self._clock.now(), self._config.planner, only=(agent_id,))
-        return found.get(agent_id, ())
+        routing = desired.routing if desired.routing is not None else desired.assignment
+        return self._routes_over(desired, agent_id, routing.get(agent_id, ()))
 
     def joining_routes(self, agent_id: str) -> tuple[Route, ...]:
         """The agent's routes with every box of its group where its prefix is verified warm joined, as
@@ -259,10 +258,35 @@ class Reconciler:
         desired = self._desired.current
         if desired is None:
             return ()
-        group = {agent_id: desired.assignment.get(agent_id, ())}
-        joined = dataclasses.replace(desired, routing=group)
-        observed = self._observed(for_routes=True)
-        found = routes(joined, observed, self._clock.now(), self._config.planner, only=(agent_id,))
+        return self._routes_over(desired, agent_id, desired.assignment.get(agent_id, ()))
+
+    def _routes_over(self, desired: Desired, agent_id: str, group: tuple[str, ...]) -> tuple[Route, ...]:
+        """`routes()` for one agent routed over `group`, observing only what it reads there: the group's
+        boxes and, on each, the trusted record of the agent's prefix in the box's current epoch. An ask
+        costs O(its group) instead of a copy of every box and warm record of the fleet."""
+        ref = desired.agents.get(agent_id)
+        if ref is None:
+            return ()
+        boxes: dict[str, BoxObservation] = {}
+        warm: dict[WarmKey, WarmRecord] = {}
+        for box_id in group:
+            live = self._health.live.get(box_id)
+            if live is None:
+                continue
+            boxes[box_id] = BoxObservation(
+                healthy=live.healthy,
+                epoch=live.epoch,
+                warmup=live.warmup,
+                warmup_finished_at=live.warmup_finished_at,
+                draining=self._rollout.is_draining(box_id),
+            )
+            key = (box_id, live.epoch or "", ref.hash)
+            record = self._book.records.get(key)
+            if record is not None and self._book.is_trusted(record):
+                warm[key] = record
+        one = dataclasses.replace(desired, routing={agent_id: group})
+        observed = Observed(boxes=boxes, warm=warm, trusted_after=self._book.trusted_after)
+        found = routes(one, observed, self._clock.now(), self._config.planner, only=(agent_id,))
         return found.get(agent_id, ())
 
     def prefix_slot(self, agent_id: str, box_id: str) -> int | None:
@@ -278,8 +302,16 @@ class Reconciler:
         """The boxes this reconciler may call now (config plus runtime `box.added`)."""
         return dict(self._boxes)
 
+    def box(self, box_id: str) -> BoxSpec | None:
+        """One box of `fleet()`, without copying the fleet (a pre-call ask looks up its box)."""
+        return self._boxes.get(box_id)
+
     def agent_specs(self) -> Mapping[str, AgentSpec]:
         return dict(self._agents)
+
+    def knows(self, agent_id: str) -> bool:
+        """Whether `agent_specs()` holds the agent, without copying them (checked on every pre-call ask)."""
+        return agent_id in self._agents
 
     def profile_names(self) -> frozenset[str]:
         return frozenset(self._profiles)
