@@ -23,6 +23,7 @@ from warmer.api import prewarm as prewarm_api
 from warmer.config.server_settings import ApiSettings
 from warmer.core.model import WarmState
 from warmer.core.readiness import Route
+from warmer.root.metrics import Metrics
 from warmer.root.server import api_server, run_daemon_loop
 from warmer.service.prewarm import PrewarmService
 
@@ -201,3 +202,20 @@ def test_server_settings_reject_what_they_do_not_know() -> None:
         ApiSettings.model_validate({"event_loop": "trio"})
     with pytest.raises(ValueError, match="backlog"):
         ApiSettings(backlog=1)
+
+
+def test_request_metrics_count_every_request_by_route_method_and_status_class() -> None:
+    metrics = Metrics()
+    for status in (200, 200, 204, 404):
+        metrics.http.request_finished("/v1/prewarm", "POST", status, 0.002)
+    metrics.http.request_finished("/healthz", "GET", 200, 0.001)
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("warmer_http_requests_total", route="/v1/prewarm", method="POST", status="2xx") == 3
+    assert value("warmer_http_requests_total", route="/v1/prewarm", method="POST", status="4xx") == 1
+    assert value("warmer_http_requests_total", route="/healthz", method="GET", status="2xx") == 1
+    assert value("warmer_http_request_seconds_count", route="/v1/prewarm") == 4
+    assert value("warmer_http_request_seconds_bucket", route="/v1/prewarm", le="0.001") == 0
+    assert value("warmer_http_request_seconds_bucket", route="/healthz", le="0.001") == 1
