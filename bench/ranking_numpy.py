@@ -1,10 +1,10 @@
-"""What numpy would buy placement: the ranking kernel alone, pure Python against numpy, identical keys.
+"""What numpy buys placement: the ranking kernel alone, pure Python against numpy, identical keys.
 
-Placement's cold cost at fleet scale is mostly hashing: every agent scores the 64 hash buckets, then the
-boxes of its first bucket (`warmer.core.placement.ranking`). The core computes those SplitMix64 scores with
-big-int "lanes" (pure Python; numpy is not a runtime dependency). This measures the same kernel — each
-agent's first bucket, then the sorted member keys of that bucket — both ways, checks the keys are equal,
-and prints CPU seconds, so the case for or against a numpy dependency rests on a figure.
+Placement's cold cost at fleet scale was mostly hashing: every agent scores the 64 hash buckets, then the
+boxes of its first bucket (`warmer.core.placement.ranking`). One agent at a time the core computes those
+SplitMix64 scores with big-int "lanes"; a whole placement's agents are hashed at once with numpy
+(`BoxIndex.prime`). This measures the same kernel — each agent's first bucket, then the sorted member keys
+of that bucket — both ways, checks the keys are equal, and prints CPU seconds.
 
 Run: python -m bench.ranking_numpy [--boxes 5000] [--agents 20000] [--buckets 64] [--repeats 3]
 """
@@ -17,32 +17,27 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import numpy.typing as npt
 
-from warmer.core.placement.hashing import INDEX_MASK, KEY_MASK, Lanes, stable_seed
-
-U64 = npt.NDArray[np.uint64]
-MIX1, MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def mixed_keys(agent_seeds: U64, seeds: U64) -> U64:
-    """`sort_key` for every (agent, member) pair: SplitMix64 of agent ^ member, top 44 bits, index below."""
-    x = agent_seeds[:, None] ^ seeds[None, :]
-    x = (x ^ (x >> np.uint64(30))) * MIX1
-    x = (x ^ (x >> np.uint64(27))) * MIX2
-    x = x ^ (x >> np.uint64(31))
-    return (x & np.uint64(KEY_MASK)) | np.arange(len(seeds), dtype=np.uint64)[None, :]
+from warmer.core.placement.hashing import (
+    Lanes,
+    best_members,
+    ranked_key_rows,
+    seed_array,
+    stable_seed,
+)
 
 
 def with_numpy(agent_seeds: list[int], bucket_seeds: list[int], members: list[list[int]]) -> list[list[int]]:
-    seeds = np.array(agent_seeds, dtype=np.uint64)
-    first = mixed_keys(seeds, np.array(bucket_seeds, dtype=np.uint64)).max(axis=1) & np.uint64(INDEX_MASK)
+    """The core's numpy kernel (`BoxIndex.prime` runs it): every agent's first bucket, then per bucket the
+    sorted member keys of the agents that chose it."""
+    seeds = seed_array(agent_seeds)
+    first = np.array(best_members(seeds, seed_array(bucket_seeds)))
     out: list[list[int]] = [[] for _ in agent_seeds]
     for bucket in range(len(bucket_seeds)):
         rows = np.nonzero(first == bucket)[0]
         if not len(rows) or not members[bucket]:
             continue
-        keys = np.sort(mixed_keys(seeds[rows], np.array(members[bucket], dtype=np.uint64)), axis=1)[:, ::-1]
+        keys = ranked_key_rows(seeds[rows], seed_array(members[bucket]))
         for row, ranked in zip(rows.tolist(), keys.tolist(), strict=True):
             out[row] = ranked
     return out

@@ -34,6 +34,7 @@ from warmer.adapters.store import SqlStore
 from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
+from warmer.core.placement import AgentDemand, PlacementConfig, place
 from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.metrics import ReconcileMetrics
@@ -740,5 +741,57 @@ def test_a_pre_call_ask_for_a_warm_agent_does_not_wake_the_loop(store_url: str) 
         assert not cold.routed
         assert w.reconciler._wake.is_set()
         await w.reconciler.wait_idle()  # the warm the cold ask started
+
+    asyncio.run(scenario())
+
+
+def test_the_kept_placement_follows_a_box_removal_and_an_agent_change_as_a_full_place(store_url: str) -> None:
+    """The reconciler edits one PlacementState across passes instead of placing from scratch; after each
+    edit it equals `place` of the same inputs (the fleet as placement sees it, the routing before)."""
+    volume: dict[str, float] = {}
+    agents = ("sales", "support", "billing", "retention", "onboarding")
+    w = world(
+        store_url,
+        box_ids=("b1", "b2", "b3", "b4", "b5", "b6"),
+        agents=agents,
+        demand=lambda: dict(volume),
+        placement=PlacementConfig(min_group_size=2, max_group_size=4, calls_per_minute_per_box=10.0),
+    )
+    desired = w.reconciler._desired
+
+    def full_place(previous: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        demands = [
+            AgentDemand(a, "m", ref.tokens, calls_per_minute=volume.get(a, 0.0), prefix_hash=ref.hash)
+            for a, ref in sorted(w.reconciler._catalogue.refs().items())
+        ]
+        boxes = desired._placement_boxes()
+        config = w.reconciler._config.placement
+        return dict(
+            place(boxes, demands, config, eligible=desired._eligible_boxes(), previous=previous).groups
+        )
+
+    async def scenario() -> None:
+        await settle(w.reconciler)
+        state = desired._state
+        assert state is not None
+        assert dict(state.placement().groups) == full_place(desired.routing)
+        holder = next(a for a, group in state.placement().groups.items() if group)
+        gone = state.placement().groups[holder][0]
+        before = dict(desired.routing)
+        await w.reconciler.remove_box(gone)
+        await w.reconciler.tick()
+        assert desired._state is state  # edited, not rebuilt
+        groups = dict(state.placement().groups)
+        assert all(gone not in group for group in groups.values())
+        assert groups == full_place(before)
+        await settle(w.reconciler)
+        volume["support"] = 35.0  # a wider group for one agent (4 boxes at 10 calls/minute each)
+        before = dict(desired.routing)
+        await w.reconciler.tick()
+        assert desired._state is state
+        groups = dict(state.placement().groups)
+        assert len(groups["support"]) == 4
+        assert groups == full_place(before)
+        await w.reconciler.wait_idle()
 
     asyncio.run(scenario())

@@ -223,7 +223,7 @@ def wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[st
 
 def plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig) -> Plan:
     """Everything worth doing now, highest priority first, within each box's warm budget."""
-    index = index_plan(desired, observed, now, config)
+    index = _index(desired, observed, now, config, for_edits=False)
     return plan_boxes(desired, observed, now, config, desired.boxes, index)
 
 
@@ -306,6 +306,14 @@ def _wants_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[st
 
 def index_plan(desired: Desired, observed: Observed, now: float, config: PlannerConfig) -> PlanIndex:
     """One pass over the fleet: what is wanted, held and in flight on each box."""
+    return _index(desired, observed, now, config, for_edits=True)
+
+
+def _index(
+    desired: Desired, observed: Observed, now: float, config: PlannerConfig, *, for_edits: bool
+) -> PlanIndex:
+    """`for_edits`: also who is assigned where, which only `refresh_agents` reads (a one-off full plan
+    skips it: 40,800 memberships at fleet scale)."""
     records: dict[str, list[WarmRecord]] = {}
     for record in observed.warm.values():
         box_records = records.get(record.box_id)
@@ -317,11 +325,13 @@ def index_plan(desired: Desired, observed: Observed, now: float, config: Planner
     for in_flight_box, in_flight_prefix in observed.in_flight:
         busy.setdefault(in_flight_box, set()).add(in_flight_prefix)
     assigned: dict[str, set[str]] = {}
-    for agent_id, group in desired.assignment.items():
-        for box_id in group:
-            assigned.setdefault(box_id, set()).add(agent_id)
+    groups: dict[str, tuple[str, ...]] = {}
+    if for_edits:
+        for agent_id, group in desired.assignment.items():
+            for box_id in group:
+                assigned.setdefault(box_id, set()).add(agent_id)
+        groups = {a: tuple(g) for a, g in desired.assignment.items() if g}
     wants = _wants_by_box(desired, active_agents(desired, now, config))
-    groups = {a: tuple(g) for a, g in desired.assignment.items() if g}
     return PlanIndex(wants=wants, records=records, busy=busy, assigned=assigned, groups=groups)
 
 

@@ -211,92 +211,125 @@ def transition(
     record: WarmRecord, event: WarmEvent, now: float, backoff: RetryBackoff | None = None
 ) -> WarmRecord:
     """Apply one event; return the new record (the input is never changed)."""
+    match event:
+        case EpochChanged():
+            return _epoch_changed(record, event, now)
+        case WarmStarted():
+            return _warm_started(record, event, now, backoff or RetryBackoff())
+        case WarmVerified():
+            return _warm_verified(record, event, now)
+        case WarmFailed():
+            return _warm_failed(record, event, now)
+        case KeepaliveDue():
+            return _keepalive_due(record, event, now)
+        case ProbeWarm():
+            return _probe_warm(record, event, now)
+        case ProbeCold():
+            return _probe_cold(record, event, now)
+        case Released():
+            return _released(record, event, now)
+    raise TypeError(f"unknown warm event: {event!r}")
+
+
+def _epoch_changed(record: WarmRecord, event: EpochChanged, now: float) -> WarmRecord:
+    if event.new_epoch == record.epoch:
+        raise IllegalTransition(record, event, "same epoch")
+    return WarmRecord(
+        box_id=record.box_id,
+        epoch=event.new_epoch,
+        prefix_hash=record.prefix_hash,
+        state=WarmState.COLD,
+        prefix_tokens=record.prefix_tokens,
+        updated_at=now,
+    )
+
+
+def _warm_started(record: WarmRecord, event: WarmStarted, now: float, backoff: RetryBackoff) -> WarmRecord:
     state = record.state
-    if isinstance(event, EpochChanged):
-        if event.new_epoch == record.epoch:
-            raise IllegalTransition(record, event, "same epoch")
-        return WarmRecord(
-            box_id=record.box_id,
-            epoch=event.new_epoch,
-            prefix_hash=record.prefix_hash,
-            state=WarmState.COLD,
-            prefix_tokens=record.prefix_tokens,
-            updated_at=now,
-        )
-    if isinstance(event, WarmStarted):
-        if state is WarmState.FAILED:
-            ready_at = retry_at(record, backoff or RetryBackoff())
-            if now < ready_at:
-                raise IllegalTransition(record, event, f"backoff until {ready_at:.3f}")
-        elif state not in (WarmState.COLD, WarmState.EVICTED, WarmState.STALE):
-            raise IllegalTransition(record, event)
-        keep_warm_since = record.warmed_at if state is WarmState.STALE else None
+    if state is WarmState.FAILED:
+        ready_at = retry_at(record, backoff)
+        if now < ready_at:
+            raise IllegalTransition(record, event, f"backoff until {ready_at:.3f}")
+    elif state not in (WarmState.COLD, WarmState.EVICTED, WarmState.STALE):
+        raise IllegalTransition(record, event)
+    keep_warm_since = record.warmed_at if state is WarmState.STALE else None
+    return replace(
+        record,
+        state=WarmState.WARMING,
+        attempts=record.attempts + 1,
+        updated_at=now,
+        warmed_at=keep_warm_since,
+    )
+
+
+def _warm_verified(record: WarmRecord, event: WarmVerified, now: float) -> WarmRecord:
+    if record.state is not WarmState.WARMING:
+        raise IllegalTransition(record, event)
+    if not is_verified(record.prefix_tokens, event.cached_tokens, event.block_tokens):
         return replace(
             record,
-            state=WarmState.WARMING,
-            attempts=record.attempts + 1,
-            updated_at=now,
-            warmed_at=keep_warm_since,
-        )
-    if isinstance(event, WarmVerified):
-        if state is not WarmState.WARMING:
-            raise IllegalTransition(record, event)
-        if not is_verified(record.prefix_tokens, event.cached_tokens, event.block_tokens):
-            return replace(
-                record,
-                state=WarmState.FAILED,
-                verified_cached_tokens=event.cached_tokens,
-                last_error=f"not verified: cached {event.cached_tokens} of {record.prefix_tokens} tokens",
-                updated_at=now,
-                warmed_at=None,
-            )
-        return replace(
-            record,
-            state=WarmState.WARM,
+            state=WarmState.FAILED,
             verified_cached_tokens=event.cached_tokens,
-            attempts=0,
-            last_error=None,
-            updated_at=now,
-            warmed_at=record.warmed_at if record.warmed_at is not None else now,
-            verified_at=now,
-        )
-    if isinstance(event, WarmFailed):
-        if state is not WarmState.WARMING:
-            raise IllegalTransition(record, event)
-        return replace(record, state=WarmState.FAILED, last_error=event.error, updated_at=now, warmed_at=None)
-    if isinstance(event, KeepaliveDue):
-        if state is not WarmState.WARM:
-            raise IllegalTransition(record, event)
-        return replace(record, state=WarmState.STALE, updated_at=now)
-    if isinstance(event, ProbeWarm):
-        if state not in (WarmState.WARM, WarmState.STALE):
-            raise IllegalTransition(record, event)
-        if not is_verified(record.prefix_tokens, event.cached_tokens, event.block_tokens):
-            raise IllegalTransition(
-                record,
-                event,
-                f"cached {event.cached_tokens} of {record.prefix_tokens} is a miss: use ProbeCold",
-            )
-        return replace(
-            record,
-            state=WarmState.WARM,
-            verified_cached_tokens=event.cached_tokens,
-            updated_at=now,
-            verified_at=now,
-        )
-    if isinstance(event, ProbeCold):
-        if state not in (WarmState.WARM, WarmState.STALE):
-            raise IllegalTransition(record, event)
-        return replace(
-            record,
-            state=WarmState.EVICTED,
-            verified_cached_tokens=event.cached_tokens,
-            last_error="probe: evicted",
+            last_error=f"not verified: cached {event.cached_tokens} of {record.prefix_tokens} tokens",
             updated_at=now,
             warmed_at=None,
         )
-    if isinstance(event, Released):
-        if state is WarmState.WARMING:
-            raise IllegalTransition(record, event, "a warm is in flight")
-        return replace(record, state=WarmState.COLD, attempts=0, updated_at=now, warmed_at=None)
-    raise TypeError(f"unknown warm event: {event!r}")
+    return replace(
+        record,
+        state=WarmState.WARM,
+        verified_cached_tokens=event.cached_tokens,
+        attempts=0,
+        last_error=None,
+        updated_at=now,
+        warmed_at=record.warmed_at if record.warmed_at is not None else now,
+        verified_at=now,
+    )
+
+
+def _warm_failed(record: WarmRecord, event: WarmFailed, now: float) -> WarmRecord:
+    if record.state is not WarmState.WARMING:
+        raise IllegalTransition(record, event)
+    return replace(record, state=WarmState.FAILED, last_error=event.error, updated_at=now, warmed_at=None)
+
+
+def _keepalive_due(record: WarmRecord, event: KeepaliveDue, now: float) -> WarmRecord:
+    if record.state is not WarmState.WARM:
+        raise IllegalTransition(record, event)
+    return replace(record, state=WarmState.STALE, updated_at=now)
+
+
+def _probe_warm(record: WarmRecord, event: ProbeWarm, now: float) -> WarmRecord:
+    if record.state not in (WarmState.WARM, WarmState.STALE):
+        raise IllegalTransition(record, event)
+    if not is_verified(record.prefix_tokens, event.cached_tokens, event.block_tokens):
+        raise IllegalTransition(
+            record,
+            event,
+            f"cached {event.cached_tokens} of {record.prefix_tokens} is a miss: use ProbeCold",
+        )
+    return replace(
+        record,
+        state=WarmState.WARM,
+        verified_cached_tokens=event.cached_tokens,
+        updated_at=now,
+        verified_at=now,
+    )
+
+
+def _probe_cold(record: WarmRecord, event: ProbeCold, now: float) -> WarmRecord:
+    if record.state not in (WarmState.WARM, WarmState.STALE):
+        raise IllegalTransition(record, event)
+    return replace(
+        record,
+        state=WarmState.EVICTED,
+        verified_cached_tokens=event.cached_tokens,
+        last_error="probe: evicted",
+        updated_at=now,
+        warmed_at=None,
+    )
+
+
+def _released(record: WarmRecord, event: Released, now: float) -> WarmRecord:
+    if record.state is WarmState.WARMING:
+        raise IllegalTransition(record, event, "a warm is in flight")
+    return replace(record, state=WarmState.COLD, attempts=0, updated_at=now, warmed_at=None)

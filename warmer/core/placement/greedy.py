@@ -347,6 +347,11 @@ def place_indexed(
     answer; `trace`, when given, receives each agent's step of that pass (emptied when it was not), and
     `positions` each agent's turn."""
     demand = prepare(agents, config, spec, index, previous, seeds)
+    index.prime(
+        (agent.agent_id, demand.seeds[agent.agent_id], agent.model)
+        for agent in demand.ordered
+        if len(demand.incumbents.get(agent.agent_id, ())) < demand.wanted[agent.agent_id]
+    )  # the agents that will walk their ranking, hashed at once
     if positions is not None:
         positions.update(demand.positions)
     fill = Fill(spec, config, demand.dedicated)

@@ -10,16 +10,29 @@ in small and large buckets, which the per-box caps absorb by spilling.
 Why kept: an agent's order inside a bucket depends only on the agent and that bucket's members, so it stays
 valid until a box joins or leaves that bucket — then only the agents that had looked into it recompute.
 Re-placing after a change (and incremental placement) therefore pays the fill, not the hashing.
+
+Why batched: one agent at a time, a cold placement of 20,000 agents is mostly this hashing; `prime` ranks
+all of them at once in numpy arrays (about five times cheaper), and `walk` ranks lazily what `prime` did not.
+Both give the same keys (`hashing`).
 """
 
 from __future__ import annotations
 
 import array
 import bisect
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from warmer.core.placement.hashing import INDEX_MASK, Lanes, sort_key, stable_seed
+from warmer.core.placement.hashing import (
+    INDEX_MASK,
+    Lanes,
+    best_members,
+    ranked_key_rows,
+    seed_array,
+    sort_key,
+    stable_seed,
+)
 
 
 @dataclass(slots=True)
@@ -47,9 +60,11 @@ class BoxIndex:
     """The eligible boxes of every model, bucketed by their own id, and the agents' rankings of them."""
 
     def __init__(self, buckets: int, *, keep: bool = True) -> None:
-        """`keep`: hold each agent's rankings for later calls (a one-off placement does not)."""
+        """`keep`: hold the rankings `walk` computes for later calls (a one-off placement does not; what
+        `prime` computed is held either way, for the walks that follow it)."""
         self._keep = keep
         self._bucket_seeds = [stable_seed("bucket", str(i)) for i in range(buckets)]
+        self._bucket_array = seed_array(self._bucket_seeds)
         self._bucket_lanes = Lanes(self._bucket_seeds)
         self._models: dict[str, list[_Bucket]] = {}
         self._sizes: dict[str, int] = {}
@@ -125,6 +140,39 @@ class BoxIndex:
             if self._keep:
                 self._rankings[agent_id] = ranking
         return ranking
+
+    def prime(self, agents: Iterable[tuple[str, int, str]]) -> None:
+        """Rank many agents (id, seed, model) at once: each one's best bucket and its order of that bucket's
+        members, where not held already. Changes no result, only what the walks that follow cost."""
+        sizes, rankings = self._sizes, self._rankings
+        fresh: list[tuple[str, int, str]] = []
+        pending: dict[tuple[str, int], list[tuple[str, _Ranking]]] = defaultdict(list)
+        for agent in agents:
+            agent_id, seed, model = agent
+            if not sizes.get(model):
+                continue
+            ranking = rankings.get(agent_id)
+            if ranking is None or ranking.model != model or ranking.seed != seed:
+                fresh.append(agent)
+            elif ranking.first not in ranking.members:
+                pending[model, ranking.first].append((agent_id, ranking))
+        if fresh:
+            firsts = best_members(seed_array([seed for _, seed, _ in fresh]), self._bucket_array)
+            for (agent_id, seed, model), first in zip(fresh, firsts, strict=True):
+                ranking = rankings[agent_id] = _Ranking(model, seed, first)
+                pending[model, first].append((agent_id, ranking))
+        for (model, number), waiting in pending.items():
+            bucket = self._models[model][number]
+            if not bucket.ids:
+                continue
+            rows = ranked_key_rows(seed_array([r.seed for _, r in waiting]), seed_array(bucket.seeds))
+            data, width = rows.data.cast("B"), rows.shape[1] * rows.itemsize
+            at = 0
+            for _, ranking in waiting:
+                keys = ranking.members[number] = array.array("Q")
+                keys.frombytes(data[at : at + width])
+                at += width
+            bucket.ranked_by.update(agent_id for agent_id, _ in waiting)
 
     def walk(self, agent_id: str, seed: int, model: str, entered: list[int] | None = None) -> Iterator[str]:
         """The agent's boxes of its model from most to least preferred, one bucket at a time.

@@ -5,7 +5,7 @@ restart warm-up) runs as named tasks: at most one warm or probe per (box, prefix
 the same work await the same future) and within the box's concurrency budget (`slots`), which pre-call
 warms pass through too. Each piece of work writes its transition with a reason, so the store holds the
 history, and wakes the loop when done. How a warm is verified is `warmer.service.warming`; the restart
-warm-up is `warmer.service.restart_warmup`.
+warm-up runs in `restart_runs`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,9 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
-from warmer.core.event_kinds import EventKind
 from warmer.core.model import (
     BoxSpec,
-    LoggedEvent,
     ModelProfile,
-    PhaseName,
-    PhaseRecord,
     Prefix,
     WarmRecord,
     WarmState,
@@ -39,7 +35,7 @@ from warmer.core.plan_actions import (
     RunRestartWarmup,
     WarmPrefix,
 )
-from warmer.core.planner import WarmKey, WarmupStatus
+from warmer.core.planner import WarmKey
 from warmer.core.warm_budget import TokenBucket, refill
 from warmer.core.warmstate import (
     IllegalTransition,
@@ -61,8 +57,9 @@ from warmer.service.reconciler.evictions import EvictionReactions
 from warmer.service.reconciler.prompts import PromptStaging
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
+from warmer.service.reconciler.restart_runs import RestartRuns
 from warmer.service.reconciler.types import ReconcileObserver, ReconcilerConfig
-from warmer.service.restart_warmup import RestartOutcome, RestartWarmup
+from warmer.service.restart_warmup import RestartWarmup
 from warmer.service.warming import WarmExecutor, WarmOutcome
 
 Waiter = asyncio.Future[WarmRecord | None]
@@ -92,16 +89,13 @@ class ActionRunner:
         poke: Callable[[], None],
         evictions: EvictionReactions | None = None,
     ) -> None:
-        self._store = store
         self._clock = clock
         self._config = config
         self._executor = executor
-        self._restart = restart
         self._observer = observer
         self._log = log
         self._boxes = boxes
         self._profiles = profiles
-        self._agents = agents
         self._health = health
         self._book = book
         self._catalogue = catalogue
@@ -113,13 +107,18 @@ class ActionRunner:
         self.buckets: dict[str, TokenBucket] = {}
         self._box_slots: dict[str, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._restarts = RestartRuns(
+            store=store, clock=clock, restart=restart, observer=observer, log=log, boxes=boxes,
+            profiles=profiles, agents=agents, health=health, catalogue=catalogue, poke=poke,
+            spawn=self._spawn,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ dispatch
 
     async def dispatch(self, actions: Sequence[Action]) -> None:
         for action in actions:
             if isinstance(action, RunRestartWarmup):
-                self._start_restart(action)
+                self._restarts.start(action)
             elif isinstance(action, MarkStale):
                 await self._apply(
                     action.box_id, action.epoch, action.prefix_hash, KeepaliveDue(), "keepalive due"
@@ -206,75 +205,6 @@ class ActionRunner:
             if not waiter.done():
                 waiter.set_result(None)
         self.in_flight.clear()
-
-    # --------------------------------------------------------------------------------- restart warm-up
-
-    def _start_restart(self, action: RunRestartWarmup) -> None:
-        live = self._health.live[action.box_id]
-        live.warmup = WarmupStatus.RUNNING
-        live.warmup_error = None
-        self._spawn(self._restart_task(action), f"restart-warmup:{action.box_id}")
-
-    async def _restart_task(self, action: RunRestartWarmup) -> None:
-        with structlog.contextvars.bound_contextvars(
-            box=action.box_id, epoch=action.epoch, action="restart-warmup"
-        ):
-            await self._restart_warmup(action)
-
-    async def _restart_warmup(self, action: RunRestartWarmup) -> None:
-        box = self._boxes[action.box_id]
-        profile = self._profiles[box.model]
-        outcome: RestartOutcome | None = None
-        error: str | None = None
-        try:
-            longest = self._catalogue.longest(box.model, self._agents)
-            outcome = await self._restart.run(box, profile, action.epoch, longest_prefix=longest)
-            error = outcome.error
-        except WarmerError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        now = self._clock.now()
-        live = self._health.live[action.box_id]
-        try:
-            if live.epoch != action.epoch:
-                return  # the process changed under the warm-up: the new epoch gets its own
-            for phase in outcome.phases if outcome is not None else ():
-                seconds = (phase.finished_at or phase.started_at) - phase.started_at
-                self._observer.phase_finished(box.id, phase.phase.value, bool(phase.ok), seconds)
-            detail: dict[str, object] = {"ok": error is None, "error": error}
-            if outcome is not None:
-                detail |= {
-                    "wall_seconds": round(outcome.wall_seconds, 6),
-                    "engine_seconds": round(outcome.engine_seconds, 6),
-                    "critical_engine_seconds": round(outcome.critical_engine_seconds, 6),
-                }
-            await self._store.append_event(
-                LoggedEvent(
-                    at=now, kind=EventKind.RESTART_WARMUP, box_id=box.id, epoch=action.epoch, detail=detail
-                )
-            )
-            live.warmup_finished_at = now
-            if error is not None or outcome is None:
-                live.warmup, live.warmup_error = WarmupStatus.FAILED, error
-                self._log.warning("restart warm-up failed", box=box.id, epoch=action.epoch, error=error)
-                return
-            live.warmup_engine_seconds = outcome.critical_engine_seconds
-            live.warmup_wall_seconds = outcome.wall_seconds
-            await self._store.put_phase(
-                PhaseRecord(box_id=box.id, epoch=action.epoch, phase=PhaseName.PREFIXES, started_at=now)
-            )
-            live.prefixes_started_at = now
-            live.warmup = WarmupStatus.DONE
-            self._log.info(
-                "restart warm-up done",
-                box=box.id,
-                epoch=action.epoch,
-                wall_seconds=round(outcome.wall_seconds, 3),
-                engine_seconds=round(outcome.critical_engine_seconds, 3),
-            )
-        except WarmerError as exc:
-            live.warmup, live.warmup_error, live.warmup_finished_at = WarmupStatus.FAILED, str(exc), now
-        finally:
-            self._poke()
 
     # ------------------------------------------------------------------------------ warms and probes
 

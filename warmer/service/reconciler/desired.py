@@ -3,8 +3,11 @@
 Placement (`warmer.core.placement.place`) gives each agent a group of boxes of its model, sized by the
 agent's volume (campaigns widen placement ahead of their window: `warmer.core.campaigns`; pre-call asks
 add their observed rate), within each box's cache capacity. It is recomputed only when its inputs
-change. Handover (move-before-switch) keeps routing an agent to its old boxes until it is warm on the
-new ones, so a placement change never sends calls to a cold box while a warm one exists.
+change, and then edit by edit: one `PlacementState` is kept across passes and brought to the new inputs
+(a box added, removed, drained or resized, an agent's prefix or volume changed), which re-runs only the
+agents the edits touch and equals a full `place` of the same inputs.
+Handover (move-before-switch) keeps routing an agent to its old boxes until it is warm on the new ones, so a
+placement change never sends calls to a cold box while a warm one exists.
 """
 
 from __future__ import annotations
@@ -17,7 +20,14 @@ import structlog
 from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
 from warmer.core.model import BoxSpec, Campaign, ModelProfile
-from warmer.core.placement import AgentDemand, PlacementConfig, fit_to_capacity, handover, place
+from warmer.core.placement import (
+    AgentDemand,
+    Placement,
+    PlacementConfig,
+    PlacementState,
+    fit_to_capacity,
+    handover,
+)
 from warmer.core.planner import Desired, PrefixRef, WarmupStatus
 from warmer.core.warmstate import is_serving
 from warmer.service.reconciler.records import WarmBook
@@ -61,6 +71,7 @@ class DesiredState:
         self.routing: dict[str, tuple[str, ...]] = {}
         self._placement_key: object = None
         self._placement: Mapping[str, tuple[str, ...]] = {}
+        self._state: PlacementState | None = None  # built on the first placement, then edited
 
     def build(
         self,
@@ -144,11 +155,29 @@ class DesiredState:
             tuple((d.agent_id, d.prefix_hash, d.prefix_tokens, _group_key(config, d)) for d in demands),
         )
         if key != self._placement_key:
-            placement = place(boxes, demands, config, eligible=eligible, previous=self.routing)
+            placement = self._replace(boxes, demands, eligible)
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))
             self._placement, self._placement_key = placement.groups, key
         return self._placement
+
+    def _replace(
+        self, boxes: Sequence[BoxSpec], demands: Sequence[AgentDemand], eligible: frozenset[str]
+    ) -> Placement:
+        """`place(boxes, demands, config, eligible=..., previous=routing)`, through the kept state: the
+        first time a full placement, then only the edits since the last one."""
+        config = self._config.placement
+        state = self._state
+        if state is None or state.config != config:
+            state = PlacementState(boxes, demands, config, eligible=eligible, previous=self.routing)
+        else:
+            try:
+                state.update(boxes, demands, eligible=eligible, previous=self.routing)
+            except ValueError:
+                self._state = None  # bad input: the next placement starts afresh
+                raise
+        self._state = state
+        return state.placement()
 
     def routed_box_ids(self) -> set[str]:
         return {box_id for group in self.routing.values() for box_id in group}
