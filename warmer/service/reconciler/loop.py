@@ -31,6 +31,7 @@ from warmer.core.readiness import Route, box_ready, routes
 from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.reconciler.parts import Hooks, build_parts
 from warmer.service.reconciler.types import (
+    BoxLive,
     EnsureResult,
     NullObserver,
     PendingPrompt,
@@ -188,21 +189,21 @@ class Reconciler:
         """What is: the boxes as last polled, the warm records (for routes: only trusted ones), the work
         in flight and the budgets."""
         return Observed(
-            boxes={
-                box_id: BoxObservation(
-                    healthy=live.healthy,
-                    epoch=live.epoch,
-                    warmup=live.warmup,
-                    warmup_finished_at=live.warmup_finished_at,
-                    draining=self._rollout.is_draining(box_id),
-                )
-                for box_id, live in self._health.live.items()
-            },
+            boxes={box_id: self._box_observation(box_id, live) for box_id, live in self._health.live.items()},
             warm=self._book.trusted() if for_routes else dict(self._book.records),
             in_flight=frozenset(self._runner.in_flight),
             buckets=dict(self._runner.buckets),
             suspect_boxes=frozenset(self._health.suspect),
             trusted_after=self._book.trusted_after,
+        )
+
+    def _box_observation(self, box_id: str, live: BoxLive) -> BoxObservation:
+        return BoxObservation(
+            healthy=live.healthy,
+            epoch=live.epoch,
+            warmup=live.warmup,
+            warmup_finished_at=live.warmup_finished_at,
+            draining=self._rollout.is_draining(box_id),
         )
 
     def _notify_changed(self) -> None:
@@ -273,13 +274,7 @@ class Reconciler:
             live = self._health.live.get(box_id)
             if live is None:
                 continue
-            boxes[box_id] = BoxObservation(
-                healthy=live.healthy,
-                epoch=live.epoch,
-                warmup=live.warmup,
-                warmup_finished_at=live.warmup_finished_at,
-                draining=self._rollout.is_draining(box_id),
-            )
+            boxes[box_id] = self._box_observation(box_id, live)
             key = (box_id, live.epoch or "", ref.hash)
             record = self._book.records.get(key)
             if record is not None and self._book.is_trusted(record):
