@@ -150,6 +150,7 @@ class NaiveAnswer:
     routed: bool
     prefix_hash: str | None
     detail: str = ""
+    routes: tuple[Route, ...] = ()
 
 
 class NaiveBackend:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from warmer.core.agents import Placeholder
 from warmer.core.chat_template import ChatTemplate, ChatTemplateError
 from warmer.core.errors import ConfigError
 from warmer.core.lint import lint_agent, shared_prefixes
-from warmer.core.model import Prefix
+from warmer.core.model import Prefix, prefix_hash
 from warmer.core.prefix import TokenizeFn, common_prefix_length, compute_stable_prefix, render_sample
 
 # A template in the style of several tool-calling models: the system text first, THEN the tool list,
@@ -216,3 +217,12 @@ def test_explicit_samples_are_used_in_order() -> None:
         placeholders=(Placeholder("plan", "text", ("Basic", "Plus")),),
     )
     assert [sample_values(agent, i)["plan"] for i in range(3)] == ["Basic", "Plus", "Basic"]
+
+
+def test_a_prefix_hash_is_computed_once_and_follows_a_replaced_text_or_ids() -> None:
+    prefix = Prefix(text="You sell things.", token_count=3, token_ids=(1, 2, 3))
+    assert prefix.hash == prefix_hash("You sell things.", (1, 2, 3))
+    assert replace(prefix, token_ids=(1, 2, 4)).hash == prefix_hash("You sell things.", (1, 2, 4))
+    assert replace(prefix, text="Other.", token_ids=None).hash == prefix_hash("Other.", None)
+    assert replace(prefix, model="m").hash == prefix.hash
+    assert "hash" not in repr(prefix)

@@ -58,7 +58,7 @@ def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replic
         config=LEASES,
         fleet=lambda: BOX_IDS,
         replica_id=name,
-        on_change=lambda gained, lost: holder[0].leases_changed(gained, lost) if holder else None,
+        on_change=lambda gained, lost: holder[0].replicas.leases_changed(gained, lost) if holder else None,
     )
     reconciler = Reconciler(
         engine=engine,

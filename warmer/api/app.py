@@ -2,6 +2,10 @@
 
 Feature routes live in their own modules, each exposing `router(services) -> APIRouter`; adding one is
 one entry in `ROUTER_FACTORIES`.
+
+The pre-call ask is asked before every call a dialer places, thousands of times a second, so it does not
+go through FastAPI's stack: `WarmerApi` hands it to the pre-call front door (`warmer.api.prewarm`) before
+FastAPI's own entry point runs, and every other request to FastAPI. Request metrics wrap both.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastapi import APIRouter, FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm
+from warmer.api.observe import RequestMetricsMiddleware
 from warmer.api.services import ApiServices, Readiness
 from warmer.api.storeerrors import store_unavailable
 from warmer.core.errors import StoreError
@@ -25,9 +31,38 @@ ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
 )
 
 
+class WarmerApi(FastAPI):
+    """FastAPI behind the pre-call front door, both inside the request metrics.
+
+    FastAPI's entry point alone (its telemetry check, error and body-limit middlewares, routing among every
+    route, dependency solving) costs more per ask than the pre-call service itself."""
+
+    def __init__(self, services: ApiServices, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._services = services
+        self._entry: ASGIApp | None = None
+
+    async def _framework(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+    def _build_entry(self) -> ASGIApp:
+        framework: ASGIApp = self._framework
+        observer = self._services.requests
+        if observer is not None:
+            framework = RequestMetricsMiddleware(framework, observer)
+        return prewarm.PrewarmFrontDoor(framework, prewarm.PrewarmHandler(self._services), observer)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        entry = self._entry
+        if entry is None:
+            entry = self._entry = self._build_entry()
+        await entry(scope, receive, send)
+
+
 def create_app(services: ApiServices) -> FastAPI:
     """A new app over `services`; OpenAPI at /openapi.json, docs at /docs."""
-    app = FastAPI(
+    app = WarmerApi(
+        services,
         title="warmer",
         version=services.version,
         summary="Keeps LLM prompt prefixes warm in engine KV caches; traffic reaches a box once it is warm.",
@@ -38,4 +73,4 @@ def create_app(services: ApiServices) -> FastAPI:
     return app
 
 
-__all__ = ["ApiServices", "Readiness", "create_app"]
+__all__ = ["ApiServices", "Readiness", "WarmerApi", "create_app"]

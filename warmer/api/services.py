@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 import warmer
+from warmer.api.observe import RequestObserver
 from warmer.config.server_settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.service.campaigns import CampaignService
 from warmer.service.capacity import CapacityReport
@@ -52,3 +53,4 @@ class ApiServices:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # prewarm and campaign bodies; bigger is 413
     webhook_max_body_bytes: int = DEFAULT_WEBHOOK_MAX_BODY_BYTES  # deploy webhook bodies; bigger is 413
     capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)
+    requests: RequestObserver | None = None  # every request by route template (warmer_http_requests)

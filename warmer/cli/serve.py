@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import click
 
 from warmer.cli.group import CliState, pass_state
@@ -21,6 +19,7 @@ def serve(state: CliState) -> None:
     # Imported here, not at module level: `warmer --help` and `check-config` stay fast.
     from warmer.root.app import build
     from warmer.root.logging import configure_logging
+    from warmer.root.server import run_daemon_loop
 
     loaded = state.load_config()
     settings = loaded.settings
@@ -28,4 +27,4 @@ def serve(state: CliState) -> None:
         settings.logging.level, settings.logging.format, library_level=settings.logging.libraries
     )
     daemon = build(settings, profiles=loaded.profiles, agents=loaded.agents)
-    raise SystemExit(asyncio.run(daemon.run()))
+    raise SystemExit(run_daemon_loop(daemon.run(), settings.api.event_loop))

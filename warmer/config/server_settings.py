@@ -187,6 +187,36 @@ class ApiSettings(Section):
             "agent prompt spec with its reference material inline, with room to spare."
         ),
     )
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description=(
+            "Event loop of the daemon: uvloop (libuv) spends less CPU per request and per socket event than "
+            "asyncio's pure-Python loop, which a dialer's pre-call asks (thousands a second) feel first."
+        ),
+    )
+    http_parser: Literal["httptools", "h11"] = Field(
+        default="httptools",
+        description=(
+            "HTTP/1.1 parser of the API server: httptools (llhttp, C) instead of h11 (pure Python), "
+            "several times less CPU per request."
+        ),
+    )
+    backlog: int = Field(
+        default=2048,
+        ge=16,
+        le=65535,
+        description=(
+            "Connections the kernel queues for the API before it accepts them, so a dialer opening many "
+            "connections at once (a campaign start) is queued, not refused. Capped by net.core.somaxconn."
+        ),
+    )
+    access_log: bool = Field(
+        default=False,
+        description=(
+            "One log line per API request. Off: at a dialer's rate the lines would be most of the daemon's "
+            "log volume and a large share of its CPU; request counts and latencies are in /metrics."
+        ),
+    )
 
     def webhook_secrets(self) -> list[str]:
         """Every secret a webhook signature may use, current first. Secret: never log them."""

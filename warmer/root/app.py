@@ -9,10 +9,9 @@ preparation, HTTP transport) so tests swap real parts for fakes at our own seams
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import signal
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import httpx
 import uvicorn
@@ -21,7 +20,6 @@ from fastapi import FastAPI
 import warmer
 from warmer.adapters.store.filelock import SqliteFileLock
 from warmer.api import ApiServices, Readiness, create_app
-from warmer.api.observe import RequestMetricsMiddleware
 from warmer.config.fleet_settings import GatewaySettings
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec
@@ -46,6 +44,7 @@ from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
 from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_timers
 from warmer.root.replicas import ReplicaWiring
+from warmer.root.server import api_server
 from warmer.root.supervisor import Supervisor
 from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.gateway_sync import GatewaySync
@@ -57,14 +56,6 @@ from warmer.service.status import StatusService
 
 # How long /readyz waits for the database to answer before calling it unreachable (seconds).
 READINESS_DB_TIMEOUT_SECONDS = 2.0
-
-
-class _ApiServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the supervisor owns SIGTERM/SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
 
 
 class Daemon:
@@ -177,9 +168,9 @@ class Daemon:
                 max_request_bytes=settings.api.max_request_bytes,
                 webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
                 capacity=capacity if self.boxes else None,
+                requests=self.metrics.http,
             )
         )
-        self._api.add_middleware(RequestMetricsMiddleware, observer=self.metrics.http)
 
         self.supervisor.add("api", self._serve_api)
         if not self.has_fleet:
@@ -283,18 +274,11 @@ class Daemon:
             lock.release()
 
     async def _serve_api(self, stopping: asyncio.Event) -> None:
-        api = self.settings.api
-        config = uvicorn.Config(
+        server = api_server(
             self.api,
-            host=api.host,
-            port=api.port,
-            log_config=None,  # our logging setup renders uvicorn's records
-            access_log=False,
-            lifespan="off",  # the daemon, not the web app, owns resources
-            server_header=False,
-            timeout_graceful_shutdown=max(1, int(self.settings.reconcile.shutdown_grace_seconds)),
+            self.settings.api,
+            graceful_shutdown_seconds=max(1, int(self.settings.reconcile.shutdown_grace_seconds)),
         )
-        server = _ApiServer(config)
         self._server = server
 
         async def stop_when_asked() -> None:

@@ -343,7 +343,17 @@ class HttpMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )
+        self._children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     def request_finished(self, route: str, method: str, status: int, seconds: float) -> None:
-        self.requests.labels(route=route, method=method, status=f"{status // 100}xx").inc()
-        self.seconds.labels(route=route).observe(seconds)
+        # The labelled children are looked up once per (route, method, status): `labels()` costs more per
+        # request than the increment itself at a dialer's rate of pre-call asks.
+        key = (route, method, status // 100)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.requests.labels(route=route, method=method, status=f"{status // 100}xx"),
+                self.seconds.labels(route=route),
+            )
+        children[0].inc()
+        children[1].observe(seconds)

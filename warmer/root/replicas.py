@@ -31,14 +31,21 @@ def lease_config(settings: Settings) -> LeaseConfig:
     return LeaseConfig(lease_seconds=replicas.lease_seconds, renew_seconds=replicas.renew_seconds)
 
 
+class ReplicaParts(Protocol):
+    """The reconciler's replica part (`warmer.service.reconciler.replicas.ReplicaSync`)."""
+
+    def busy(self) -> frozenset[str]: ...
+
+    def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None: ...
+
+
 class ReplicaAware(Protocol):
     """What the wiring tells the reconciler (`warmer.service.reconciler.Reconciler`)."""
 
+    @property
+    def replicas(self) -> ReplicaParts: ...
+
     def poke(self) -> None: ...
-
-    def busy_boxes(self) -> frozenset[str]: ...
-
-    def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None: ...
 
 
 class ReplicaWiring:
@@ -65,7 +72,7 @@ class ReplicaWiring:
                 fleet=lambda: self._fleet(),
                 replica_id=settings.replicas.replica_id,
                 on_change=self._leases_changed,
-                busy=lambda: () if self._reconciler is None else self._reconciler.busy_boxes(),
+                busy=lambda: () if self._reconciler is None else self._reconciler.replicas.busy(),
             )
         else:
             holder = SoleOwnership(settings.replicas.replica_id)
@@ -92,7 +99,7 @@ class ReplicaWiring:
 
     def _leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
         if self._reconciler is not None:
-            self._reconciler.leases_changed(gained, lost)
+            self._reconciler.replicas.leases_changed(gained, lost)
 
     def wake(self, what: str) -> None:
         """Another replica wrote leases or deploy state: heartbeat soon, and run a pass."""

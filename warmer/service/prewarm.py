@@ -83,6 +83,11 @@ class EnsureAnswer(Protocol):
     @property
     def detail(self) -> str: ...
 
+    @property
+    def routes(self) -> Sequence[Route]:
+        """When routed: the routes the box was chosen from (empty: ask `routes_for`)."""
+        ...
+
 
 class PrewarmBackend(Protocol):
     """The reconciler, as the pre-call ask needs it."""
@@ -97,7 +102,9 @@ class PrewarmBackend(Protocol):
         """The agent's ready boxes with ramp weights, in spill order."""
         ...
 
-    def box(self, box_id: str) -> BoxSpec | None: ...
+    def box(self, box_id: str) -> BoxSpec | None:
+        """A box the daemon may call now (None: it left the fleet)."""
+        ...
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         """The engine slot holding the agent's prefix on the box, where slots are pinned (llama.cpp)."""
@@ -305,10 +312,6 @@ class PrewarmService:
         self.ledger = ledger or CallLedger(clock)
         self._rng = rng or random.Random()
 
-    def _slots(self, box_id: str) -> int:
-        box = self._backend.box(box_id)
-        return box.slots if box is not None else 1
-
     def observed_demand(self) -> Mapping[str, float]:
         """Agent -> calls per minute seen in pre-call asks (feeds placement next to campaign volume)."""
         return self.meter.calls_per_minute()
@@ -332,13 +335,25 @@ class PrewarmService:
         answer = await self._backend.ensure_warm(ask.agent_id, wait)
         waited_ms = max(0, round((self._clock.monotonic() - started) * 1000))
         box_id = answer.box_id
+        specs: dict[str, BoxSpec | None] = {}  # each box looked up once per ask
+
+        def spec(box_id: str) -> BoxSpec | None:
+            if box_id not in specs:
+                specs[box_id] = self._backend.box(box_id)
+            return specs[box_id]
+
         if answer.routed:
-            routes = self._backend.routes_for(ask.agent_id)
+            routes = answer.routes or self._backend.routes_for(ask.agent_id)
             if routes:
-                box_id = pick_least_loaded(routes, ask.call_id, self.ledger, self._slots, self._rng).box_id
+
+                def slots(box_id: str) -> int:
+                    box = spec(box_id)
+                    return box.slots if box is not None else 1
+
+                box_id = pick_least_loaded(routes, ask.call_id, self.ledger, slots, self._rng).box_id
         if box_id is None:
             raise PrewarmUnavailable(answer.detail or "no box can serve the agent now")
-        box = self._backend.box(box_id)
+        box = spec(box_id)
         if box is None:  # the fleet changed under the answer
             raise PrewarmUnavailable(f"box {box_id!r} left the fleet")
         self.ledger.hand(box_id, ask.call_id)
@@ -362,7 +377,7 @@ class ReconcilerBackend:
         self._reconciler = reconciler
 
     def knows(self, agent_id: str) -> bool:
-        return agent_id in self._reconciler.agent_specs()
+        return self._reconciler.knows(agent_id)
 
     async def ensure_warm(self, agent_id: str, wait_seconds: float) -> EnsureAnswer:
         try:
@@ -374,7 +389,7 @@ class ReconcilerBackend:
         return self._reconciler.agent_routes(agent_id)
 
     def box(self, box_id: str) -> BoxSpec | None:
-        return self._reconciler.fleet().get(box_id)
+        return self._reconciler.box(box_id)
 
     def slot(self, agent_id: str, box_id: str) -> int | None:
         return self._reconciler.prefix_slot(agent_id, box_id)

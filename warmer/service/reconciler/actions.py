@@ -103,6 +103,7 @@ class ActionRunner:
         self._poke = poke
         self._evictions = evictions
         self.in_flight: dict[tuple[str, str], Waiter] = {}
+        self._finished = asyncio.Event()  # set (and replaced) each time engine work finishes
         self.buckets: dict[str, TokenBucket] = {}
         self._box_slots: dict[str, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -261,7 +262,13 @@ class ActionRunner:
                 del self.in_flight[key]
             if not waiter.done():
                 waiter.set_result(result)
+            finished, self._finished = self._finished, asyncio.Event()
+            finished.set()
             self._poke()
+
+    def work_finished(self) -> asyncio.Event:
+        """Set as soon as the next piece of engine work (a warm, a probe) finishes, verified or not."""
+        return self._finished
 
     def _prefix_of(self, prefix_hash: str) -> Prefix | None:
         current = self._catalogue.prefix(prefix_hash)

@@ -12,9 +12,10 @@ Each pass, under the fleet lock (a box added or removed never lands in the middl
 A missed event or a restart of the daemon only delays a fix by one pass: nothing here is edge-triggered
 except the wake-up (`poke()`, from the root's timers and from finished work). On start, records verified
 before the daemon started are re-probed, not trusted. Deploy events edit the fleet between passes
-(`fleet_edits`); pre-call asks are answered by `precall`. As one of several replicas, each pass applies
-the shared deploy state first and only the boxes this replica holds get engine work (`replicas`). The
-parts are built and wired in `parts`.
+(`fleet_edits`); pre-call asks are answered by `precall`; several replicas: `replicas`. The parts are
+built and wired in `parts`.
+
+Size: the pass and the reconciler's whole public API on one page; each concern is a part of its own.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import StoreError
-from warmer.core.model import BoxSpec, ModelProfile
-from warmer.core.planner import BoxObservation, Observed, plan
+from warmer.core.model import BoxSpec, ModelProfile, WarmRecord
+from warmer.core.planner import BoxObservation, Desired, Observed, WarmKey, plan
 from warmer.core.readiness import Route, box_ready, routes
 from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.reconciler.parts import Hooks, build_parts
 from warmer.service.reconciler.types import (
+    BoxLive,
     EnsureResult,
     NullObserver,
     PendingPrompt,
@@ -100,6 +102,7 @@ class Reconciler:
                 changed=lambda: self._changed,
                 routes_now=self._routes_now,
                 agent_routes=self.agent_routes,
+                joining_routes=self.joining_routes,
                 recheck_box=self.recheck_box,
             ),
             gate=replicas,  # None: this daemon alone holds every box
@@ -109,7 +112,7 @@ class Reconciler:
         self._activity, self._catalogue, self._staging = parts.activity, parts.catalogue, parts.staging
         self._desired, self._runner, self._ready = parts.desired, parts.runner, parts.ready
         self._promotion, self._fleet, self._precall = parts.promotion, parts.fleet, parts.precall
-        self._replicas = parts.replicas
+        self._replicas = self.replicas = parts.replicas  # leases and shared deploy state (the root's too)
         # What the box's KV cache events say, acted on (`evictions`); the event root task reports to it.
         self.evictions = parts.evictions
 
@@ -199,22 +202,22 @@ class Reconciler:
         """What is: the boxes as last polled, the warm records (for routes: only trusted ones), the work
         in flight and the budgets."""
         return Observed(
-            boxes={
-                box_id: BoxObservation(
-                    healthy=live.healthy,
-                    epoch=live.epoch,
-                    warmup=live.warmup,
-                    warmup_finished_at=live.warmup_finished_at,
-                    draining=self._rollout.is_draining(box_id),
-                )
-                for box_id, live in self._health.live.items()
-            },
+            boxes={box_id: self._box_observation(box_id, live) for box_id, live in self._health.live.items()},
             warm=self._book.trusted() if for_routes else dict(self._book.records),
             in_flight=frozenset(self._runner.in_flight),
             buckets=dict(self._runner.buckets),
             suspect_boxes=frozenset(self._health.suspect),
             trusted_after=self._book.trusted_after,
             trusted_after_by_box=self._replicas.trusted_by_box(),
+        )
+
+    def _box_observation(self, box_id: str, live: BoxLive) -> BoxObservation:
+        return BoxObservation(
+            healthy=live.healthy,
+            epoch=live.epoch,
+            warmup=live.warmup,
+            warmup_finished_at=live.warmup_finished_at,
+            draining=self._rollout.is_draining(box_id),
         )
 
     def _notify_changed(self) -> None:
@@ -261,8 +264,38 @@ class Reconciler:
         desired = self._desired.current
         if desired is None:
             return ()
-        observed = self._observed(for_routes=True)
-        found = routes(desired, observed, self._clock.now(), self._config.planner, only=(agent_id,))
+        routing = desired.routing if desired.routing is not None else desired.assignment
+        return self._routes_over(desired, agent_id, routing.get(agent_id, ()))
+
+    def joining_routes(self, agent_id: str) -> tuple[Route, ...]:
+        """The agent's routes with every box of its group where its prefix is verified warm joined, as
+        the next pass's handover joins them: a pre-call ask need not wait for that pass."""
+        desired = self._desired.current
+        if desired is None:
+            return ()
+        return self._routes_over(desired, agent_id, desired.assignment.get(agent_id, ()))
+
+    def _routes_over(self, desired: Desired, agent_id: str, group: tuple[str, ...]) -> tuple[Route, ...]:
+        """`routes()` for one agent routed over `group`, observing only what it reads there: the group's
+        boxes and, on each, the trusted record of the agent's prefix in the box's current epoch. An ask
+        costs O(its group) instead of a copy of every box and warm record of the fleet."""
+        ref = desired.agents.get(agent_id)
+        if ref is None:
+            return ()
+        boxes: dict[str, BoxObservation] = {}
+        warm: dict[WarmKey, WarmRecord] = {}
+        for box_id in group:
+            live = self._health.live.get(box_id)
+            if live is None:
+                continue
+            boxes[box_id] = self._box_observation(box_id, live)
+            key = (box_id, live.epoch or "", ref.hash)
+            record = self._book.records.get(key)
+            if record is not None and self._book.is_trusted(record):
+                warm[key] = record
+        one = dataclasses.replace(desired, routing={agent_id: group})
+        observed = Observed(boxes=boxes, warm=warm, trusted_after=self._book.trusted_after)
+        found = routes(one, observed, self._clock.now(), self._config.planner, only=(agent_id,))
         return found.get(agent_id, ())
 
     def prefix_slot(self, agent_id: str, box_id: str) -> int | None:
@@ -278,8 +311,16 @@ class Reconciler:
         """The boxes this reconciler may call now (config plus runtime `box.added`)."""
         return dict(self._boxes)
 
+    def box(self, box_id: str) -> BoxSpec | None:
+        """One box of `fleet()`, without copying the fleet (a pre-call ask looks up its box)."""
+        return self._boxes.get(box_id)
+
     def agent_specs(self) -> Mapping[str, AgentSpec]:
         return dict(self._agents)
+
+    def knows(self, agent_id: str) -> bool:
+        """Whether `agent_specs()` holds the agent, without copying them (checked on every pre-call ask)."""
+        return agent_id in self._agents
 
     def profile_names(self) -> frozenset[str]:
         return frozenset(self._profiles)
@@ -357,15 +398,6 @@ class Reconciler:
         """Back in service as a new epoch (`<engine epoch>~<tag>`): restart warm-up, prefixes, routes."""
         self._rollout.undrain(box_ids, epoch_tag)
         self.poke()
-
-    def busy_boxes(self) -> frozenset[str]:
-        """Boxes with engine work in flight (a lease is not handed back mid-work: `replicas`)."""
-        return self._replicas.busy()
-
-    def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
-        """This replica's lease holder gained or lost boxes: work on those lost is cancelled, those gained
-        are worked on from the next pass (`replicas`)."""
-        self._replicas.leases_changed(gained, lost)
 
     async def add_box(self, box: BoxSpec) -> None:
         """A new box joins the fleet (registered in the store); it is warmed before any route uses it."""

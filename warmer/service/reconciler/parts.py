@@ -46,6 +46,7 @@ class Hooks:
     recheck_box: Callable[[str], Awaitable[None]]  # look at one box now, between health polls
     routes_now: Callable[[float], Mapping[str, tuple[Route, ...]] | None]  # None before the first pass
     agent_routes: Callable[[str], tuple[Route, ...]]
+    joining_routes: Callable[[str], tuple[Route, ...]]  # with the group's verified boxes joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,7 @@ def build_parts(
         runner=runner,
         rollout=rollout,
         routes_for=hooks.agent_routes,
+        joining_routes_for=hooks.joining_routes,
         poke=hooks.poke,
         changed=hooks.changed,
         owns=owns,

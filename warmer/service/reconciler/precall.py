@@ -3,8 +3,10 @@
 An ask marks the agent as active and holds it at top priority for `precall_hold_seconds`. When the agent
 has a route, the answer is immediate and wakes no pass (a pass per ask would cost CPU per call);
 otherwise the warm on the agent's best box is started or joined (coalesced with the loop's own) and
-awaited up to the caller's bound. With no box of its group able to take the call, a cold stand-in of
-its model is named rather than no box at all.
+awaited up to the caller's bound. Waiting asks are answered when any engine work finishes, not at the end
+of the next pass: a box of the agent's group where its prefix was just verified warm is a route at once
+(the next pass's handover joins it to the routing for the same reason). With no box of its group able
+to take the call, a cold stand-in of its model is named rather than no box at all.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class PrecallWarming:
         runner: ActionRunner,
         rollout: Rollout,
         routes_for: Callable[[str], tuple[Route, ...]],
+        joining_routes_for: Callable[[str], tuple[Route, ...]],
         poke: Callable[[], None],
         changed: Callable[[], asyncio.Event],
         owns: Callable[[str], bool] = lambda _box_id: True,
@@ -64,6 +67,7 @@ class PrecallWarming:
         self._runner = runner
         self._rollout = rollout
         self._routes_for = routes_for
+        self._joining_routes_for = joining_routes_for
         self._poke = poke
         self._changed = changed  # the event the next pass sets
         self._owns = owns  # engine work only on boxes this replica holds the lease of
@@ -86,12 +90,18 @@ class PrecallWarming:
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 return result
-            if waiter is None:  # wake on the next tick or finished action
+            if waiter is None:  # wake on the next pass
                 waiter = asyncio.ensure_future(self._changed().wait())
                 owned = True
             else:
                 owned = False  # a shared in-flight warm: never cancel it
-            done, _ = await asyncio.wait({waiter}, timeout=remaining)
+            # ...or as soon as any engine work finishes: a warm verified on another box of the group
+            # answers the ask at once, not at the end of the pass that follows it.
+            finished = asyncio.ensure_future(self._runner.work_finished().wait())
+            done, _ = await asyncio.wait(
+                {waiter, finished}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            finished.cancel()
             if owned:
                 waiter.cancel()
             if not done:
@@ -106,9 +116,10 @@ class PrecallWarming:
             return EnsureResult(agent_id, None, None, False, None, detail), None
         prefix_hash = computed.prefix.hash
         now = self._clock.now()
-        found = self._routes_for(agent_id)
+        found = self._routes_for(agent_id) or self._joining_routes_for(agent_id)
         if found:
-            return EnsureResult(agent_id, found[0].box_id, WarmState.WARM, True, prefix_hash, "warm"), None
+            answer = EnsureResult(agent_id, found[0].box_id, WarmState.WARM, True, prefix_hash, "warm", found)
+            return answer, None
         first: EnsureResult | None = None
         for box_id in desired.assignment.get(agent_id, ()):
             live = self._health.live[box_id]

@@ -59,12 +59,13 @@ class WarmBook:
     def trusted(self) -> dict[WarmKey, WarmRecord]:
         """Records that count as warm for routing: a verification from before this daemon started does
         not, until a probe renews it."""
-        return {
-            key: record
-            for key, record in self.records.items()
-            if record.state not in (WarmState.WARM, WarmState.STALE)
-            or (record.verified_at is not None and record.verified_at >= self.threshold(record.box_id))
-        }
+        return {key: record for key, record in self.records.items() if self.is_trusted(record)}
+
+    def is_trusted(self, record: WarmRecord) -> bool:
+        """Whether `trusted()` keeps the record."""
+        return record.state not in (WarmState.WARM, WarmState.STALE) or (
+            record.verified_at is not None and record.verified_at >= self.threshold(record.box_id)
+        )
 
     def threshold(self, box_id: str) -> float:
         """Verifications of the box older than this do not count as warm until re-probed."""

@@ -186,6 +186,7 @@ class EnsureResult:
     routed: bool  # the box is in the agent's route: verified warm there
     prefix_hash: str | None
     detail: str = ""
+    routes: tuple[Route, ...] = ()  # when routed: every route the box was chosen from, in spill order
 
 
 @dataclass(frozen=True, slots=True)
