@@ -248,11 +248,13 @@ def test_a_watcher_that_missed_the_first_store_learns_the_blocks_from_a_hit(kv_s
         watcher.sync_boxes([late_box])
         await watcher.watch(late_box, prefix)
         seen.states["joined"] = watcher.state(box.id, prefix.hash)
-        for _ in range(20):  # until the subscription is through: its first batch cannot be replayed
+        # Traffic until the subscription is through (ZMQ drops what a SUB socket publishes before it has
+        # joined); its first batch cannot be replayed. Bounded by the same wait as every event.
+        deadline = time.monotonic() + EVENT_WAIT_S
+        while not recorder.count("reset", "lost"):
+            assert time.monotonic() < deadline, "the watcher saw no batch of the box's stream"
             await complete(engine, box, unique_text(CPU_BLOCK_SIZE + 1))
-            if recorder.count("reset", "lost"):
-                break
-        await recorder.until("reset", "lost")
+            await asyncio.sleep(0.5)
 
         probed = await executor.probe(box, PROFILE, prefix)
         assert probed.verified, probed.describe()
