@@ -11,7 +11,9 @@ load, so the 0% step is the probes alone.
 Per step: the agent's headroom as `GET /v1/capacity` reports it (mean over the step's samples, tokens/s and
 as a share of the ceiling), the uncached tokens/s the engine reported computing (`timings.prompt_n` of the
 requests that finished in the step, over the step), the same figure from the daemon's counter windows
-(`used_tokens_per_second`), and the probes' client-side time to first token (one output token, so the
+(`used_tokens_per_second`), the box's own headroom and how many samples found the agent with no routed
+box (then the agent's headroom is unknown: `/v1/capacity` sums over routed boxes only),
+and the probes' client-side time to first token (one output token, so the
 whole request) p50/p90 as a ratio against the 0% step of the same run.
 
     .venv/bin/python -m bench.capacity_headroom [--quick] [--steps 0,20,40,60,80,100,120]
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -64,6 +67,9 @@ class StepFigures:
     counter_tokens_per_second: float | None  # the daemon's counter windows (`used_tokens_per_second`), mean
     headroom_tokens_per_second: float | None  # `GET /v1/capacity`, the agent's, mean over the step
     headroom_fraction: float | None  # of the ceiling
+    box_headroom_tokens_per_second: float | None  # the box's own entry, mean (known while it is unrouted)
+    unrouted_samples: int  # capacity samples where the agent had no routed box (the box not ready)
+    samples: int
     ttft_p50_ms: float
     ttft_p90_ms: float
     ttft_p50_ratio: float  # against the 0% step
@@ -74,7 +80,7 @@ class StepFigures:
 
 @dataclass(frozen=True, slots=True)
 class Crossings:
-    """The first load step where headroom is <= 0, and where TTFT p50 / p90 reach `BREAK_RATIO` x idle."""
+    """From which load step on headroom stays <= 0, and TTFT p50 / p90 stay >= `BREAK_RATIO` x idle."""
 
     headroom_zero_percent: int | None
     ttft_p50_break_percent: int | None
@@ -82,26 +88,34 @@ class Crossings:
 
 
 def crossings(steps: Sequence[StepFigures], break_ratio: float = BREAK_RATIO) -> Crossings:
-    """Steps in load order; None where the run never got there."""
+    """The lowest step from which every higher step holds too, so one noisy step (the machine is shared)
+    neither starts nor ends a break; None where the last step does not hold."""
     ordered = sorted(steps, key=lambda s: s.load_percent)
 
-    def first(hit: list[bool]) -> int | None:
-        return next((s.load_percent for s, h in zip(ordered, hit, strict=True) if h), None)
+    def sustained(hit: list[bool]) -> int | None:
+        start = None
+        for step, held in zip(ordered, hit, strict=True):
+            if not held:
+                start = None
+            elif start is None:
+                start = step.load_percent
+        return start
 
     return Crossings(
-        headroom_zero_percent=first(
+        headroom_zero_percent=sustained(
             [s.headroom_tokens_per_second is not None and s.headroom_tokens_per_second <= 0 for s in ordered]
         ),
-        ttft_p50_break_percent=first([s.ttft_p50_ratio >= break_ratio for s in ordered]),
-        ttft_p90_break_percent=first([s.ttft_p90_ratio >= break_ratio for s in ordered]),
+        ttft_p50_break_percent=sustained([s.ttft_p50_ratio >= break_ratio for s in ordered]),
+        ttft_p90_break_percent=sustained([s.ttft_p90_ratio >= break_ratio for s in ordered]),
     )
 
 
 def markdown_table(steps: Sequence[StepFigures]) -> str:
     lines = [
         "| load (% of ceiling) | offered tok/s | engine tok/s | counter tok/s | headroom tok/s "
-        "| headroom / ceiling | TTFT p50 | TTFT p90 | p50 vs idle | p90 vs idle | probes | dropped |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| headroom / ceiling | box headroom tok/s | agent unrouted | TTFT p50 | TTFT p90 | p50 vs idle "
+        "| p90 vs idle | probes | dropped |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def opt(value: float | None, fmt: str) -> str:
@@ -111,7 +125,8 @@ def markdown_table(steps: Sequence[StepFigures]) -> str:
         lines.append(
             f"| {s.load_percent}% | {s.offered_tokens_per_second:.0f} | {s.engine_tokens_per_second:.0f} "
             f"| {opt(s.counter_tokens_per_second, '.0f')} | {opt(s.headroom_tokens_per_second, '.0f')} "
-            f"| {opt(s.headroom_fraction, '.2f')} | {s.ttft_p50_ms:.0f} ms | {s.ttft_p90_ms:.0f} ms "
+            f"| {opt(s.headroom_fraction, '.2f')} | {opt(s.box_headroom_tokens_per_second, '.0f')} "
+            f"| {s.unrouted_samples}/{s.samples} | {s.ttft_p50_ms:.0f} ms | {s.ttft_p90_ms:.0f} ms "
             f"| {s.ttft_p50_ratio:.2f}x | {s.ttft_p90_ratio:.2f}x | {s.probes} | {s.dropped} |"
         )
     return "\n".join(lines)
@@ -244,7 +259,8 @@ async def _measure(box_url: str, serve_url: str, box_id: str, args: argparse.Nam
             ]
             print(
                 f"  {percent:3d}%: engine {step.computed_tokens / args.step_seconds:5.0f} tok/s, headroom "
-                f"{_mean(agent_headroom) or 0:6.0f}, TTFT p50 {percentile(step.ttft_ms, 0.5) or 0:5.0f} ms, "
+                f"{_mean(agent_headroom) or float('nan'):6.0f}, "
+                f"TTFT p50 {percentile(step.ttft_ms, 0.5) or 0:5.0f} ms, "
                 f"dropped {step.dropped}",
                 flush=True,
             )
@@ -267,6 +283,14 @@ async def _measure(box_url: str, serve_url: str, box_id: str, args: argparse.Nam
                 if e["boxes"][box_id]["used_tokens_per_second"] is not None
             ]
         )
+        box_headroom = _mean(
+            [
+                e["boxes"][box_id]["headroom_tokens_per_second"]
+                for e in step.capacity
+                if e["boxes"][box_id]["headroom_tokens_per_second"] is not None
+            ]
+        )
+        unrouted = sum(1 for e in step.capacity if not e["agents"].get(AGENT, {}).get("boxes"))
         p50 = percentile(step.ttft_ms, 0.5) or 0.0
         p90 = percentile(step.ttft_ms, 0.9) or 0.0
         figures.append(
@@ -277,6 +301,9 @@ async def _measure(box_url: str, serve_url: str, box_id: str, args: argparse.Nam
                 counter_tokens_per_second=used,
                 headroom_tokens_per_second=headroom,
                 headroom_fraction=None if headroom is None else headroom / ceiling,
+                box_headroom_tokens_per_second=box_headroom,
+                unrouted_samples=unrouted,
+                samples=len(step.capacity),
                 ttft_p50_ms=p50,
                 ttft_p90_ms=p90,
                 ttft_p50_ratio=p50 / idle_p50,
@@ -310,6 +337,7 @@ def main() -> None:
     parser.add_argument("--load-chars", type=int, default=400, help="size of a load prompt (~tokens)")
     parser.add_argument("--probe-chars", type=int, default=128, help="size of a probe prompt (~tokens)")
     parser.add_argument("--probe-interval", type=float, default=1.0, help="seconds between probe starts")
+    parser.add_argument("--serve-log", type=Path, help="keep a copy of the daemon's log here")
     parser.add_argument("--quick", action="store_true", help="12 s steps (about 3 minutes in all)")
     args = parser.parse_args()
     if args.quick:
@@ -334,12 +362,14 @@ def main() -> None:
                 time.sleep(2 * POLL_SECONDS)  # let the warm-up's own prefills leave the counter window
                 steps = asyncio.run(_measure(box.base_url, serve.base_url, box.id, args))
                 serve.stop()
+            if args.serve_log is not None:
+                shutil.copy(workdir / "serve.log", args.serve_log)
     print()
     print(markdown_table(steps))
     found = crossings(steps)
     print(
-        f"\nheadroom <= 0 first at {found.headroom_zero_percent}%; TTFT p50 >= {BREAK_RATIO}x idle first at "
-        f"{found.ttft_p50_break_percent}%, p90 at {found.ttft_p90_break_percent}% "
+        f"\nfrom this step on: headroom <= 0 at {found.headroom_zero_percent}%; TTFT p50 >= {BREAK_RATIO}x "
+        f"idle at {found.ttft_p50_break_percent}%, p90 at {found.ttft_p90_break_percent}% "
         f"(None: not reached); {time.monotonic() - started:.0f} s in all"
     )
 
