@@ -52,6 +52,7 @@ bench: venv engines
 	$(BIN)/python -m bench.prefill_cold_vs_cached
 	$(BIN)/python -m bench.time_to_ready
 	$(BIN)/python -m bench.prewarm_burst
+	$(BIN)/python -m bench.capacity_headroom
 
 # Routers vs naive pre-warm vs warmer under call traffic on real boxes, with a rolling restart (minutes).
 # It builds llama-server itself when missing. Options go through FLEET_ARGS, e.g.
