@@ -18,6 +18,7 @@ from warmer.core.model import ModelProfile
 from warmer.core.prefix import compute_stable_prefix
 from warmer.ports import Clock
 from warmer.service.capacity import CapacityConfig, CapacityService
+from warmer.service.periodic import every_period
 
 
 def capacity_config(settings: Settings) -> CapacityConfig:
@@ -61,16 +62,9 @@ async def run_capacity_gauges(
     service: CapacityService, clock: Clock, period_seconds: float, stopping: asyncio.Event
 ) -> None:
     """The `capacity` root task: recompute the report (which sets the gauges) once per period."""
-    stop_waiter = asyncio.ensure_future(stopping.wait())
-    try:
-        while not stopping.is_set():
-            # a store outage: the next period asks again
-            with contextlib.suppress(WarmerError):
-                await service.report()
-            timer = asyncio.ensure_future(clock.sleep(period_seconds))
-            try:
-                await asyncio.wait({timer, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                timer.cancel()
-    finally:
-        stop_waiter.cancel()
+
+    async def recompute() -> None:
+        with contextlib.suppress(WarmerError):  # a store outage: the next period asks again
+            await service.report()
+
+    await every_period(recompute, clock, period_seconds, stopping)

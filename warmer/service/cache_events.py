@@ -41,6 +41,7 @@ from warmer.core.residency import (
     replay_covers,
 )
 from warmer.ports import CacheEventPort, CacheEventStream, Clock
+from warmer.service.periodic import every_period
 
 EVENT_EVICTED = "kv event: warmed prefix evicted"
 EVENT_RESIDENT = "kv event: warmed prefix resident"
@@ -149,17 +150,13 @@ class CacheEventWatcher:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """Follow the fleet's streams until asked to stop; boxes added or removed are picked up."""
-        stop_waiter = asyncio.ensure_future(stopping.wait())
+
+        async def follow_fleet() -> None:
+            self.sync_boxes(self._fleet())
+
         try:
-            while not stopping.is_set():
-                self.sync_boxes(self._fleet())
-                timer = asyncio.ensure_future(self._clock.sleep(self._config.fleet_poll_seconds))
-                try:
-                    await asyncio.wait({timer, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    timer.cancel()
+            await every_period(follow_fleet, self._clock, self._config.fleet_poll_seconds, stopping)
         finally:
-            stop_waiter.cancel()
             await self.close()
 
     def sync_boxes(self, boxes: Sequence[BoxSpec]) -> None:

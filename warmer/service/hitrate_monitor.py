@@ -44,6 +44,7 @@ from warmer.core.hitrate import (
 )
 from warmer.core.model import BoxSpec, CacheStats
 from warmer.ports import Clock, EnginePort
+from warmer.service.periodic import every_period
 
 EVENT_BELOW = "box hit rate below threshold"
 EVENT_RECOVERED = "box hit rate recovered"
@@ -271,14 +272,4 @@ class HitRateMonitor:
 
     async def run(self, stopping: asyncio.Event) -> None:
         """The root task: scrape now and every `poll_seconds` until asked to stop."""
-        stop_waiter = asyncio.ensure_future(stopping.wait())
-        try:
-            while not stopping.is_set():
-                await self.scrape_once()
-                timer = asyncio.ensure_future(self._clock.sleep(self._config.poll_seconds))
-                try:
-                    await asyncio.wait({timer, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    timer.cancel()
-        finally:
-            stop_waiter.cancel()
+        await every_period(self.scrape_once, self._clock, self._config.poll_seconds, stopping)
