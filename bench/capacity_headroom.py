@@ -27,7 +27,6 @@ import shutil
 import statistics
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,19 +38,16 @@ from bench.fleet_figures import percentile
 from testbed.fleet import LlamaFleet, free_loopback_port
 from testbed.llama_build import ensure_llama_server
 from testbed.tiny_model import ensure_tiny_model
-from tests.integration.daemon_harness import AGENT, fleet_boxes, running_serve, write_config
+from tests.integration.daemon_harness import (
+    AGENT,
+    CAPACITY_POLL_SECONDS,
+    CAPACITY_SECTIONS,
+    fleet_boxes,
+    fresh_prompt,
+    running_serve,
+    write_config,
+)
 
-POLL_SECONDS = 2.0
-SECTIONS = f"""
-[hitrate]
-poll_seconds = {POLL_SECONDS}
-threshold = 0.0
-
-[capacity]
-max_usage_age_seconds = 10.0
-"""
-# No spaces: about one token per character in the tiny model's byte vocabulary.
-FILLER = "load-0123456789|abcdefghij/KLMNOPQRST;"
 DEFAULT_STEPS = (0, 20, 40, 60, 80, 100, 120, 160, 200, 300)
 MAX_IN_FLIGHT = 24  # open-loop load beyond this is dropped (counted), so an overloaded step stays bounded
 BREAK_RATIO = 1.5  # TTFT p50 at this multiple of idle counts as "latency climbs"
@@ -130,12 +126,6 @@ def markdown_table(steps: Sequence[StepFigures]) -> str:
             f"| {s.ttft_p50_ratio:.2f}x | {s.ttft_p90_ratio:.2f}x | {s.probes} | {s.dropped} |"
         )
     return "\n".join(lines)
-
-
-def fresh_prompt(chars: int) -> str:
-    """A prompt no earlier one shares beyond BOS (a fresh first character)."""
-    head = uuid.uuid4().hex
-    return (head + FILLER * (chars // len(FILLER) + 1))[:chars]
 
 
 @dataclass
@@ -356,10 +346,11 @@ def main() -> None:
         with fleet:
             box = fleet.boxes[0]
             port = free_loopback_port()
-            config = write_config(workdir, fleet_boxes(fleet), port, sections=SECTIONS)
+            config = write_config(workdir, fleet_boxes(fleet), port, sections=CAPACITY_SECTIONS)
             with running_serve(config, port, workdir / "serve.log") as serve:
                 serve.wait("a measured headroom for the agent", lambda: _headroom_known(serve.base_url))
-                time.sleep(2 * POLL_SECONDS)  # let the warm-up's own prefills leave the counter window
+                # let the warm-up's own prefills leave the counter window
+                time.sleep(2 * CAPACITY_POLL_SECONDS)
                 steps = asyncio.run(_measure(box.base_url, serve.base_url, box.id, args))
                 serve.stop()
             if args.serve_log is not None:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -233,3 +234,24 @@ def turn1(box_url: str, agent: AgentSpec) -> dict[str, Any]:
 def turn1_cached_tokens(box_url: str, agent: AgentSpec) -> int:
     """Tokens of a real first turn the engine reused from its cache (`timings.cache_n`)."""
     return int(turn1(box_url, agent)["timings"]["cache_n"])
+
+
+# Capacity runs (the integration test and bench.capacity_headroom): the engine's counters are scraped often,
+# and usage that old still counts, so headroom follows load within a few seconds.
+CAPACITY_POLL_SECONDS = 2.0
+CAPACITY_SECTIONS = f"""
+[hitrate]
+poll_seconds = {CAPACITY_POLL_SECONDS}
+threshold = 0.0
+
+[capacity]
+max_usage_age_seconds = 10.0
+"""
+# No spaces: about one token per character in the tiny model's byte vocabulary.
+_FILLER = "load-0123456789|abcdefghij/KLMNOPQRST;"
+
+
+def fresh_prompt(chars: int) -> str:
+    """A prompt of `chars` characters no earlier one shares beyond BOS (a fresh first character)."""
+    head = uuid.uuid4().hex
+    return (head + _FILLER * (chars // len(_FILLER) + 1))[:chars]

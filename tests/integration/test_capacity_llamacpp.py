@@ -12,7 +12,6 @@ import json
 import statistics
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,21 +20,18 @@ import httpx
 import pytest
 
 from testbed.fleet import LlamaFleet, free_loopback_port
-from tests.integration.daemon_harness import AGENT, fleet_boxes, running_serve, write_config
+from tests.integration.daemon_harness import (
+    AGENT,
+    CAPACITY_POLL_SECONDS,
+    CAPACITY_SECTIONS,
+    fleet_boxes,
+    fresh_prompt,
+    running_serve,
+    write_config,
+)
 
 pytestmark = pytest.mark.integration
 
-POLL_SECONDS = 2.0
-SECTIONS = f"""
-[hitrate]
-poll_seconds = {POLL_SECONDS}
-threshold = 0.0
-
-[capacity]
-max_usage_age_seconds = 10.0
-"""
-# No spaces (3 tokens each in the byte vocabulary) so ~1 char per token.
-FILLER = "load-0123456789|abcdefghij/KLMNOPQRST;"
 LOAD_PROMPT_CHARS = 1500
 LOAD_SECONDS = 10.0
 SAMPLE_SECONDS = 4.0
@@ -67,8 +63,7 @@ def drive_load(box_url: str, stop: threading.Event, prompt_ms: list[float]) -> N
     """Full prefills back to back until `stop`; records the engine's prefill time of each."""
     with httpx.Client(timeout=120) as client:
         while not stop.is_set():
-            head = uuid.uuid4().hex  # a fresh first character: no reuse beyond BOS
-            prompt = (head + FILLER * (LOAD_PROMPT_CHARS // len(FILLER) + 1))[:LOAD_PROMPT_CHARS]
+            prompt = fresh_prompt(LOAD_PROMPT_CHARS)  # a fresh first character: no reuse beyond BOS
             body = {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": False}
             timings = client.post(f"{box_url}/completion", json=body).json()["timings"]
             prompt_ms.append(float(timings["prompt_ms"]))
@@ -80,7 +75,7 @@ def test_headroom_falls_as_uncached_load_rises(
     fleet = llama_fleet_factory(1, slots=2, ctx_per_slot=4096)
     box = fleet.boxes[0]
     port = free_loopback_port()
-    config = write_config(tmp_path, fleet_boxes(fleet), port, sections=SECTIONS)
+    config = write_config(tmp_path, fleet_boxes(fleet), port, sections=CAPACITY_SECTIONS)
     with running_serve(config, port, tmp_path / "serve.log") as serve:
         serve.wait("a measured headroom for the agent", lambda: headroom_known(serve.base_url))
         report = capacity(serve.base_url)
@@ -108,7 +103,7 @@ def test_headroom_falls_as_uncached_load_rises(
                 used = capacity(serve.base_url)["boxes"][box.id]["used_tokens_per_second"]
                 if used is None or used >= 0.2 * ceiling:
                     return False
-                time.sleep(2 * POLL_SECONDS)
+                time.sleep(2 * CAPACITY_POLL_SECONDS)
             return True
 
         serve.wait("an idle counter window", quiet)
