@@ -3,7 +3,8 @@
 Why rendezvous (HRW) hashing: each agent ranks boxes by a stable pseudo-random score, so adding or removing
 a box only moves the agents whose top of the ranking that box enters or leaves — the caches elsewhere stay
 useful. `ranking` explains the two-level ranking and why it is kept between calls, `greedy` the capped,
-coverage-first fill, `incremental` the placement that follows one edit at a time, `handover` the
+coverage-first fill, `counted` its single pass by agent counts where no other cap can refuse (the usual
+case at fleet scale), `incremental` the placement that follows one edit at a time, `handover` the
 move-before-switch from one placement to the next.
 """
 

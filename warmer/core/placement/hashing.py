@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import array
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -39,16 +39,33 @@ def stable_seed(*parts: str) -> int:
     """
     if not parts:
         return int.from_bytes(hashlib.blake2b(digest_size=8, person=_PERSON).digest(), "little")
-    head = _prefixed.get(parts[0])
-    if head is None:
-        head = hashlib.blake2b(_part(parts[0]), digest_size=8, person=_PERSON)
-        if len(_prefixed) < 64:
-            _prefixed[parts[0]] = head
-    digest = head.copy()
+    digest = _head(parts[0]).copy()
     for part in parts[1:]:
         encoded = part.encode()
         digest.update(len(encoded).to_bytes(4, "little") + encoded)
     return int.from_bytes(digest.digest(), "little")
+
+
+def _head(first: str) -> hashlib.blake2b:
+    """A hasher that has absorbed the first part, kept for the few constant first parts."""
+    head = _prefixed.get(first)
+    if head is None:
+        head = hashlib.blake2b(_part(first), digest_size=8, person=_PERSON)
+        if len(_prefixed) < 64:
+            _prefixed[first] = head
+    return head
+
+
+def stable_seeds(first: str, names: Iterable[str]) -> list[int]:
+    """`stable_seed(first, name)` for many names (every agent of a placement), without a call per name."""
+    copy, from_bytes = _head(first).copy, int.from_bytes
+    seeds: list[int] = []
+    for name in names:
+        digest = copy()
+        encoded = name.encode()
+        digest.update(len(encoded).to_bytes(4, "little") + encoded)
+        seeds.append(from_bytes(digest.digest(), "little"))
+    return seeds
 
 
 def mix64(value: int) -> int:
@@ -154,3 +171,11 @@ def ranked_key_rows(agent_seeds: U64, seeds: U64) -> U64:
     keys = key_matrix(agent_seeds, seeds)
     keys.sort(axis=1)
     return np.ascontiguousarray(keys[:, ::-1])
+
+
+def ranked_member_rows(agent_seeds: U64, seeds: U64, names: Sequence[str]) -> list[list[str]]:
+    """Each agent's members by name, best first (`ranked_key_rows` with every key turned into its member)."""
+    keys = ranked_key_rows(agent_seeds, seeds)
+    keys &= np.uint64(INDEX_MASK)
+    rows: list[list[str]] = np.asarray(names, dtype=object)[keys.astype(np.intp)].tolist()
+    return rows

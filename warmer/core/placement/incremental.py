@@ -20,16 +20,9 @@ import heapq
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from warmer.core.model import BoxSpec
-from warmer.core.placement.greedy import (
-    Position,
-    Step,
-    check_agents,
-    incumbents_of,
-    index_boxes,
-    place_indexed,
-    position,
-)
-from warmer.core.placement.hashing import stable_seed
+from warmer.core.placement.demand import Position, Step, check_agents, incumbents_of, position
+from warmer.core.placement.greedy import index_boxes, place_indexed
+from warmer.core.placement.hashing import stable_seed, stable_seeds
 from warmer.core.placement.ranking import BoxIndex
 from warmer.core.placement.types import AgentDemand, Placement, PlacementConfig, UnplacedReason
 
@@ -62,7 +55,7 @@ class PlacementState:
         self._agents = {agent.agent_id: agent for agent in agents}
         self._eligible = set(eligible) if eligible is not None else None
         self._previous = {a: tuple(g) for a, g in (previous or {}).items()}
-        self._seeds = {a: stable_seed("agent", a) for a in self._agents}
+        self._seeds = dict(zip(self._agents, stable_seeds("agent", self._agents), strict=True))
         self._next_order = len(self._order)
         self._index = BoxIndex(self._config.hash_buckets)
         for box in boxes:

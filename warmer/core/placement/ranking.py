@@ -18,17 +18,16 @@ Both give the same keys (`hashing`).
 
 from __future__ import annotations
 
-import array
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from warmer.core.placement.hashing import (
     INDEX_MASK,
     Lanes,
     best_members,
-    ranked_key_rows,
+    ranked_member_rows,
     seed_array,
     sort_key,
     stable_seed,
@@ -43,7 +42,7 @@ class _Ranking:
     seed: int
     first: int
     order: list[int] | None = None  # every bucket, best first, once a walk goes past the first
-    members: dict[int, Sequence[int]] = field(default_factory=dict)  # bucket -> member keys, best first
+    members: dict[int, list[str]] = field(default_factory=dict)  # bucket -> its box ids, best first
 
 
 @dataclass(slots=True)
@@ -126,7 +125,7 @@ class BoxIndex:
         for agent_id in bucket.ranked_by:
             ranking = self._rankings.get(agent_id)
             if ranking is not None:
-                ranking.members.pop(bucket.number, None)  # its member indices shifted
+                ranking.members.pop(bucket.number, None)  # its members changed
         bucket.ranked_by.clear()
 
     def forget(self, agent_id: str) -> None:
@@ -165,13 +164,10 @@ class BoxIndex:
             bucket = self._models[model][number]
             if not bucket.ids:
                 continue
-            rows = ranked_key_rows(seed_array([r.seed for _, r in waiting]), seed_array(bucket.seeds))
-            data, width = rows.data.cast("B"), rows.shape[1] * rows.itemsize
-            at = 0
-            for _, ranking in waiting:
-                keys = ranking.members[number] = array.array("Q")
-                keys.frombytes(data[at : at + width])
-                at += width
+            agent_seeds = seed_array([ranking.seed for _, ranking in waiting])
+            rows = ranked_member_rows(agent_seeds, seed_array(bucket.seeds), bucket.ids)
+            for (_, ranking), row in zip(waiting, rows, strict=True):
+                ranking.members[number] = row
             bucket.ranked_by.update(agent_id for agent_id, _ in waiting)
 
     def walk(self, agent_id: str, seed: int, model: str, entered: list[int] | None = None) -> Iterator[str]:
@@ -191,17 +187,52 @@ class BoxIndex:
             ids = bucket.ids
             if not ids:
                 continue
-            keys = ranking.members.get(number)
-            if keys is None:
-                if bucket.lanes is None:
-                    bucket.lanes = Lanes(bucket.seeds)
-                if self._keep:
-                    keys = ranking.members[number] = array.array("Q", bucket.lanes.ranked_keys(seed))
-                    bucket.ranked_by.add(agent_id)
-                else:
-                    keys = bucket.lanes.ranked_keys(seed)
-            for key in keys:
-                yield ids[key & INDEX_MASK]
+            yield from self._members(agent_id, ranking, bucket)
+
+    def head(
+        self,
+        agent_id: str,
+        seed: int,
+        model: str,
+        count: int,
+        skip: Collection[str] = (),
+        entered: list[int] | None = None,
+    ) -> list[str] | None:
+        """The first `count` boxes of the agent's walk without `skip`, when its best bucket holds them (at
+        fleet scale, nearly every agent's whole walk; then `entered` gets that bucket); None when the walk
+        would go on into other buckets."""
+        buckets = self._models.get(model)
+        if buckets is None:
+            return None
+        ranking = self._ranking(agent_id, seed, model)
+        bucket = buckets[ranking.first]
+        ids = bucket.ids
+        if len(ids) < count:
+            return None
+        ranked = self._members(agent_id, ranking, bucket)
+        if skip:
+            head = [box_id for box_id in ranked if box_id not in skip]
+            if len(head) < count:
+                return None
+            del head[count:]
+        else:
+            head = ranked[:count]
+        if entered is not None:
+            entered.append(ranking.first)
+        return head
+
+    def _members(self, agent_id: str, ranking: _Ranking, bucket: _Bucket) -> list[str]:
+        """The agent's order of a non-empty bucket's boxes, best first (kept when the index keeps)."""
+        ranked = ranking.members.get(bucket.number)
+        if ranked is None:
+            if bucket.lanes is None:
+                bucket.lanes = Lanes(bucket.seeds)
+            ids = bucket.ids
+            ranked = [ids[key & INDEX_MASK] for key in bucket.lanes.ranked_keys(ranking.seed)]
+            if self._keep:
+                ranking.members[bucket.number] = ranked
+                bucket.ranked_by.add(agent_id)
+        return ranked
 
     def _bucket_order(self, ranking: _Ranking) -> Iterator[int]:
         """The agent's buckets, best first; the full order is computed only when a walk goes past the
