@@ -80,3 +80,26 @@ def test_an_engine_restarted_mid_warm_is_warmed_in_its_new_process(
         rig.serve.wait("the box ready in its newest process", lambda: rig.serve.is_ready(box_id))
         assert rig.serve.box(box_id)["epoch"] not in (first_epoch, held_epoch)
         rig.end_checks(before)
+
+
+def test_a_hung_engine_keeps_its_routes_for_one_late_health_answer_then_leaves(
+    llama_fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """A real llama-server whose /health stops answering (the proxy takes the connection and holds it, as a
+    saturated or wedged process does): the first late answer keeps the ready box in its routes
+    (`reconcile.health_slow_polls_allowed` = 1), the second in a row takes it out; answering again, the same
+    process is ready again — no restart was seen, so its epoch is unchanged."""
+    with fault_rig(llama_fleet_factory, tmp_path) as rig:
+        (box_id,) = rig.box_ids
+        proxy = rig.proxies[box_id]
+        epoch = rig.serve.box(box_id)["epoch"]
+        proxy.set_mode(Mode.HANG, paths={"/health"})
+        logged = rig.serve.log.read_text
+        rig.serve.wait("one late health answer logged", lambda: "box slow to answer" in logged(), 30)
+        assert rig.serve.is_ready(box_id)  # the next late answer is a poll interval and a timeout away
+        rig.serve.wait("the box out of readiness", lambda: not rig.serve.is_ready(box_id), 30)
+        assert "box unhealthy: out of every route" in logged()
+        proxy.set_mode(Mode.PASS, paths={"/health"})
+        rig.serve.wait("the box ready again", lambda: rig.serve.is_ready(box_id))
+        assert rig.serve.box(box_id)["epoch"] == epoch
+        assert rig.assert_ready_boxes_are_warm() == [box_id]

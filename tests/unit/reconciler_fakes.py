@@ -246,6 +246,7 @@ def world(
     demand: Callable[[], Mapping[str, float]] | None = None,
     observer: ReconcileObserver | None = None,
     store_class: type[SqlStore] = SqlStore,
+    slow_polls_allowed: int = 1,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
@@ -268,6 +269,7 @@ def world(
         config=ReconcilerConfig(
             planner=planner or PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
             placement=placement or PlacementConfig(min_group_size=min_group),
+            health_slow_polls_allowed=slow_polls_allowed,
         ),
         demand=demand,
         observer=observer,

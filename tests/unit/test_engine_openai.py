@@ -18,7 +18,13 @@ from tests.unit.engine_shapes import (
 )
 from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
-from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
+from warmer.core.errors import (
+    CacheFieldMissing,
+    EngineSlow,
+    EngineUnavailable,
+    MalformedResponse,
+    NotSupported,
+)
 from warmer.core.model import EngineKind, ModelProfile, Prefix
 from warmer.service.warming import WarmExecutor
 from warmer.testing import PROBE_MARK
@@ -175,6 +181,32 @@ def test_epoch_without_identity_changes_after_a_health_bounce_and_per_adapter_in
     assert run(eng.epoch(BOX)) != first
     # A new adapter (warmer restarted) cannot vouch the engine did not restart meanwhile.
     assert run(engine(script).epoch(BOX)) != run(eng.epoch(BOX))
+
+
+def test_a_late_health_answer_is_slow_not_down_and_no_restart() -> None:
+    """A box that takes the connection but answers /health too late is busy, not known to be down: the
+    adapter says so (EngineSlow) and its restart watch does not count a bounce; a connect timeout or a
+    refused connection is down."""
+    script = Script().on("GET", "/v1/models", MODELS).on("GET", "/health", httpx.ReadTimeout("busy"))
+    eng = engine(script)
+    first = run(eng.epoch(BOX))
+    with pytest.raises(EngineSlow, match="timed out"):
+        run(eng.health(BOX))
+    script.on("GET", "/health", httpx.Response(200))
+    assert run(eng.health(BOX)) is True
+    assert run(eng.epoch(BOX)) == first  # the same process: a late answer was no bounce
+    script.on("GET", "/health", httpx.ConnectTimeout("no route"))
+    assert run(eng.health(BOX)) is False
+
+
+def test_a_request_answered_too_late_is_slow_and_one_never_connected_is_only_unavailable() -> None:
+    late = Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", httpx.ReadTimeout("slow"))
+    with pytest.raises(EngineSlow):
+        run(engine(late).complete_prefix(BOX, PREFIX))
+    never = Script().on("GET", "/v1/models", MODELS).on("POST", "/v1/completions", httpx.ConnectTimeout("x"))
+    with pytest.raises(EngineUnavailable, match="no connection") as caught:
+        run(engine(never).complete_prefix(BOX, PREFIX))
+    assert not isinstance(caught.value, EngineSlow)
 
 
 def test_constrained_request_carries_the_schema() -> None:

@@ -1,6 +1,6 @@
 """What the reconciler's settings and docstrings promise, held to: route lookups count as traffic, the health
-timer is a light poll, a probe that cannot reach the engine is no eviction, and engine work logs say which
-box, prefix, action and agent they are about."""
+timer is a light poll, a late health answer is not an outage, a probe that cannot reach the engine is no
+eviction, and engine work logs say which box, prefix, action and agent they are about."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from tests.unit.reconciler_fakes import FakeEngine, World, route_boxes, settle, world
-from warmer.core.errors import EngineUnavailable
+from warmer.core.errors import EngineSlow, EngineUnavailable
 from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmState
 from warmer.core.planner import PlannerConfig, WarmBudget
 from warmer.testing import is_probe
@@ -41,6 +41,19 @@ class ForgetfulEngine(FakeEngine):
     ) -> CompletionReport:
         report = await super().complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot)
         return replace(report, cached_tokens=0)
+
+
+class SlowHealthEngine(FakeEngine):
+    """The fake engine, except that the boxes in `slow` take the health call and answer too late."""
+
+    def __init__(self, box_ids: tuple[str, ...]) -> None:
+        super().__init__(box_ids)
+        self.slow: set[str] = set()
+
+    async def health(self, box: BoxSpec) -> bool:
+        if box.id in self.slow:
+            raise EngineSlow(box.id, "GET /health timed out after 3s")
+        return await super().health(box)
 
 
 def _planner(**overrides: object) -> PlannerConfig:
@@ -101,6 +114,58 @@ def test_the_health_poll_is_light_and_wakes_a_pass_only_when_a_box_changed(store
         assert w.reconciler.ready_box_ids() == {"b2"}  # cold until warmed up and verified again
         await settle(w.reconciler)
         assert w.reconciler.ready_box_ids() == {"b1", "b2"}
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_one_late_health_answer_keeps_a_box_in_its_routes_and_two_in_a_row_do_not(store_url: str) -> None:
+    """`reconcile.health_slow_polls_allowed` (1): a busy box that answers its health poll too late once keeps
+    its routes (taking it out would shift its calls onto the others and back); a second late answer in a
+    row takes it out like any outage. A good answer in between starts the count again."""
+
+    async def scenario() -> None:
+        engine = SlowHealthEngine(("b1", "b2"))
+        w = world(store_url, engine=engine, planner=_planner(retire_idle_after_seconds=None))
+        await settle(w.reconciler)
+        assert w.reconciler.ready_box_ids() == {"b1", "b2"}
+
+        engine.slow.add("b1")
+        w.reconciler._wake.clear()
+        with capture_logs() as logs:
+            await w.reconciler.poll_health()
+        assert w.reconciler.ready_box_ids() == {"b1", "b2"}
+        assert sorted(route_boxes(w.reconciler, "sales")) == ["b1", "b2"]
+        assert not w.reconciler._wake.is_set()  # nothing changed: no pass wanted
+        (slow,) = [e for e in logs if e["event"].startswith("box slow to answer")]
+        assert (slow["box"], slow["slow_polls"], slow["allowed"]) == ("b1", 1, 1)
+
+        engine.slow.clear()
+        await w.reconciler.poll_health()  # answered in time: the count starts again
+        engine.slow.add("b1")
+        await w.reconciler.poll_health()
+        assert w.reconciler.ready_box_ids() == {"b1", "b2"}
+
+        await w.reconciler.poll_health()  # the second late answer in a row
+        assert w.reconciler.ready_box_ids() == {"b2"}
+        assert route_boxes(w.reconciler, "sales") == ["b2"]
+        assert w.reconciler._wake.is_set()
+        assert "timed out" in (w.reconciler.snapshot().live["b1"].health_error or "")
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_with_no_late_answers_allowed_one_takes_the_box_out(store_url: str) -> None:
+    async def scenario() -> None:
+        engine = SlowHealthEngine(("b1", "b2"))
+        w = world(
+            store_url, engine=engine, planner=_planner(retire_idle_after_seconds=None), slow_polls_allowed=0
+        )
+        await settle(w.reconciler)
+        engine.slow.add("b2")
+        await w.reconciler.poll_health()
+        assert w.reconciler.ready_box_ids() == {"b1"}
         await w.store.close()
 
     asyncio.run(scenario())

@@ -28,6 +28,16 @@ class ReconcileSettings(Section):
             "before the gateway sends real calls to a cold process."
         ),
     )
+    health_slow_polls_allowed: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "Health polls in a row a ready box may answer later than engine.health_timeout_seconds and keep "
+            "its routes (count). A busy engine on a saturated host answers late now and then; taking it out "
+            "for one late answer shifts its calls onto the others and back a poll later. A refused "
+            "connection, an error or a new epoch still takes the box out at once; 0 = any late answer does."
+        ),
+    )
     keepalive_jitter_fraction: float = Field(
         default=0.1,
         ge=0,
@@ -100,7 +110,10 @@ class EngineSettings(Section):
     health_timeout_seconds: float = Field(
         default=3.0,
         gt=0,
-        description="Seconds a health/epoch call may take; a slower answer is treated as unhealthy.",
+        description=(
+            "Seconds a health/epoch call may take; a later answer counts as unhealthy once more of them "
+            "in a row than reconcile.health_slow_polls_allowed."
+        ),
     )
     request_timeout_seconds: float = Field(
         default=60.0,

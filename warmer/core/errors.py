@@ -23,6 +23,11 @@ class EngineUnavailable(EngineError):
         super().__init__(box_id, message, transient=True)
 
 
+class EngineSlow(EngineUnavailable):
+    """The engine took the connection but did not answer within the time limit: busy, not known to be
+    down (a refused connection or a 5xx is `EngineUnavailable` itself)."""
+
+
 class MalformedResponse(EngineError):
     """The engine answered, but the body is not what its documented shape promises."""
 

@@ -44,6 +44,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
             retire_idle_after_seconds=loop.retire_idle_after(),
         ),
         precall_hold_seconds=settings.dialer.precall_hold_seconds,
+        health_slow_polls_allowed=loop.health_slow_polls_allowed,
     )
 
 

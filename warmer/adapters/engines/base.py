@@ -213,7 +213,8 @@ class EngineAdapter(ABC, Generic[PromptT]):
         return await self._http.status(box, "/health")
 
     async def health(self, box: BoxSpec) -> bool:
-        """Up only on 200; every answer feeds the restart watch (a down/up bounce is a new epoch)."""
+        """Up only on 200; every answer feeds the restart watch (a down/up bounce is a new epoch). A box
+        that takes the connection but answers too late raises `EngineSlow` and is not seen as down."""
         up = await self._health_status(box) == 200
         self._watch.saw_health(box.id, up)
         return up

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
-from warmer.core.errors import EngineError, EngineUnavailable, MalformedResponse
+from warmer.core.errors import EngineError, EngineSlow, EngineUnavailable, MalformedResponse
 from warmer.core.model import BoxSpec, EngineTimeouts, RetryPolicy
 
 JsonObject = dict[str, Any]
@@ -78,8 +78,10 @@ class EngineHttp:
         started = time.perf_counter()
         try:
             response = await self._client.request(method, url, json=body, timeout=self._timeout(time_limit))
+        except httpx.ConnectTimeout as exc:
+            raise EngineUnavailable(box.id, f"{method} {path}: no connection within the time limit") from exc
         except httpx.TimeoutException as exc:
-            raise EngineUnavailable(box.id, f"{method} {path} timed out after {time_limit:g}s") from exc
+            raise EngineSlow(box.id, f"{method} {path} timed out after {time_limit:g}s") from exc
         except httpx.TransportError as exc:
             raise EngineUnavailable(box.id, f"{method} {path} failed: {type(exc).__name__}: {exc}") from exc
         seconds = time.perf_counter() - started
@@ -146,6 +148,8 @@ class EngineHttp:
         """
         try:
             response = await self._client.get(box_url(box, path), timeout=self._timeout(self.timeouts.health))
+        except httpx.ConnectTimeout:
+            return None, False
         except httpx.TimeoutException:
             return None, True
         except httpx.HTTPError:
@@ -153,12 +157,12 @@ class EngineHttp:
         return response.status_code, False
 
     async def status(self, box: BoxSpec, path: str) -> int | None:
-        """Health-style call: the HTTP status, or None when the engine did not answer at all. No retries."""
-        try:
-            response = await self._client.get(box_url(box, path), timeout=self._timeout(self.timeouts.health))
-        except httpx.HTTPError:
-            return None
-        return response.status_code
+        """Health-style call: the HTTP status, or None when the engine did not answer at all. No retries.
+        Raises `EngineSlow` when it took the connection but did not answer in time (busy, not down)."""
+        status, timed_out = await self.health_answer(box, path)
+        if timed_out:
+            raise EngineSlow(box.id, f"GET {path} timed out after {self.timeouts.health:g}s")
+        return status
 
 
 def parse_object(box: BoxSpec, path: str, text: str) -> JsonObject:

@@ -99,6 +99,7 @@ def build_parts(
         box_ids=boxes,
         epoch_tag=rollout.epoch_tag,
         concurrency=config.health_concurrency,
+        slow_polls_allowed=config.health_slow_polls_allowed,
         owns=owns,
     )
     activity = AgentActivity(config.precall_hold_seconds)

@@ -14,6 +14,11 @@ epoch's restart warm-up (`warmer.service.restart_warmup`), its progress is resum
 
 The view changes first and the store writes queue behind it (`flush`): a restarted or failed box leaves
 readiness even while the database is down; the writes reach the store as soon as it answers.
+
+A box that refuses the connection, answers an error or shows a new epoch leaves at once. One that takes the
+connection but answers too late (`EngineSlow`: busy prefilling, on a saturated host) keeps its routes for
+`slow_polls_allowed` polls in a row: taking a busy box out shifts its calls onto the others, and they all
+rush back onto it a poll later. A hung box still leaves within that many polls more.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
-from warmer.core.errors import StoreError, WarmerError
+from warmer.core.errors import EngineSlow, StoreError, WarmerError
 from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
 from warmer.core.planner import WarmupStatus
@@ -32,7 +37,7 @@ from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
 
-Health = tuple[bool, str | None, str | None]  # (healthy, epoch, why not)
+Health = tuple[bool, str | None, str | None, bool]  # (healthy, epoch, why not, only too slow to answer)
 
 
 class BoxHealth:
@@ -50,6 +55,7 @@ class BoxHealth:
         box_ids: Iterable[str],
         epoch_tag: Callable[[str], str | None],
         concurrency: int,
+        slow_polls_allowed: int = 1,
         owns: Callable[[str], bool] = lambda _box_id: True,
     ) -> None:
         self._engine = engine
@@ -59,6 +65,7 @@ class BoxHealth:
         self._book = book
         self._epoch_tag = epoch_tag
         self._concurrency = concurrency
+        self._slow_polls_allowed = slow_polls_allowed
         self._owns = owns  # only a box's lease holder writes its rows (`replicas`)
         self.live: dict[str, BoxLive] = {box_id: BoxLive() for box_id in box_ids}
         # box id -> what its cache holds, as its engine reported it for its latest epoch (kept while the
@@ -81,42 +88,54 @@ class BoxHealth:
 
         results = await asyncio.gather(*(poll(box) for box in boxes))
         changed = False
-        for box, (healthy, epoch, error) in zip(boxes, results, strict=True):
-            live = self.live.get(box.id)
-            up = healthy and epoch is not None
-            if live is not None and (up != live.healthy or (up and epoch != live.epoch)):
-                changed = True
-            await self.apply(box, healthy, epoch, error, now)
+        for box, health in zip(boxes, results, strict=True):
+            changed = await self._apply_seen(box, health, now) or changed
         return changed
+
+    async def _apply_seen(self, box: BoxSpec, health: Health, now: float) -> bool:
+        """Apply one answer; True when the box went up or down, or restarted."""
+        before = self.live.get(box.id)
+        was = (before.healthy, before.epoch) if before is not None else None
+        await self.apply(box, *health, now)
+        after = self.live.get(box.id)
+        return after is not None and was is not None and (after.healthy, after.epoch) != was
 
     async def poll(self, box: BoxSpec) -> Health:
         """(healthy, epoch, why not) of one box, as its engine answers now."""
         try:
             if not await self._engine.health(box):
-                return False, None, "health check failed"
+                return False, None, "health check failed", False
             epoch = await self._engine.epoch(box)
             tag = self._epoch_tag(box.id)
-            return True, (epoch if tag is None else f"{epoch}~{tag}"), None
+            return True, (epoch if tag is None else f"{epoch}~{tag}"), None, False
+        except EngineSlow as exc:
+            return False, None, str(exc), True
         except WarmerError as exc:
-            return False, None, str(exc)
+            return False, None, str(exc), False
 
     async def recheck(self, box: BoxSpec, lock: asyncio.Lock) -> bool:
         """Look at one box now, between polls; True when something changed (applied under `lock`, the
         fleet lock, and written if the store answers)."""
-        healthy, epoch, error = await self.poll(box)
+        health = await self.poll(box)
         live = self.live.get(box.id)
-        if live is not None and healthy == live.healthy and epoch == live.epoch:
+        if live is not None and health[0] == live.healthy and health[1] == live.epoch:
             return False
         async with lock:
-            await self.apply(box, healthy, epoch, error, self._clock.now())
+            changed = await self._apply_seen(box, health, self._clock.now())
             try:
                 await self.flush()
             except StoreError as exc:  # the answer comes from the view; the next pass writes it
                 self._log.warning("box health not stored yet", box=box.id, error=str(exc))
-        return True
+        return changed
 
     async def apply(
-        self, box: BoxSpec, healthy: bool, epoch: str | None, error: str | None, now: float
+        self,
+        box: BoxSpec,
+        healthy: bool,
+        epoch: str | None,
+        error: str | None,
+        slow: bool,
+        now: float,
     ) -> None:
         """Change the in-memory view first, then queue its store writes: what the daemon sees of a box
         must take it out of readiness at once, whether or not the database answers."""
@@ -124,6 +143,17 @@ class BoxHealth:
         if live is None:
             return  # removed from the fleet while it was being polled
         if not healthy or epoch is None:
+            if slow and live.healthy and live.slow_polls < self._slow_polls_allowed:
+                live.slow_polls += 1
+                self._log.warning(
+                    "box slow to answer its health poll: kept in its routes",
+                    box=box.id,
+                    error=error,
+                    slow_polls=live.slow_polls,
+                    allowed=self._slow_polls_allowed,
+                )
+                return
+            live.slow_polls = 0
             if live.healthy:
                 self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
                 event = LoggedEvent(
@@ -146,7 +176,7 @@ class BoxHealth:
             )
             if not live.healthy:
                 self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
-        live.healthy, live.health_error = True, None
+        live.healthy, live.health_error, live.slow_polls = True, None, 0
 
     async def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
         """A restart: the new process starts cold, its epoch is stored, its warm-up resumed if begun."""

@@ -101,6 +101,9 @@ class ReconcilerConfig:
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     health_concurrency: int = 32  # boxes polled at once
+    # health polls in a row a healthy box may answer too late and keep its routes (setting:
+    # reconcile.health_slow_polls_allowed); a refused connection, an error or a new epoch acts at once
+    health_slow_polls_allowed: int = 1
     # a pre-call ask keeps the agent at top priority this long (setting: dialer.precall_hold_seconds)
     precall_hold_seconds: float = 60.0
     # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
@@ -113,6 +116,8 @@ class ReconcilerConfig:
     def __post_init__(self) -> None:
         if self.health_concurrency < 1:
             raise ValueError("health_concurrency must be >= 1")
+        if self.health_slow_polls_allowed < 0:
+            raise ValueError("health_slow_polls_allowed must be >= 0")
         if not 0 < self.tokenizer_drift_threshold < 1:
             raise ValueError("tokenizer_drift_threshold must be between 0 and 1")
         if self.precall_hold_seconds <= 0:
@@ -161,6 +166,7 @@ class BoxLive:
     healthy: bool = False
     epoch: str | None = None
     health_error: str | None = None
+    slow_polls: int = 0  # health polls in a row answered too late while it stayed in its routes
     healthy_since: float | None = None  # unix seconds: health first seen up in this epoch
     healthy_since_mono: float | None = None
     warmup: WarmupStatus = WarmupStatus.NOT_STARTED
