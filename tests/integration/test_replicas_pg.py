@@ -57,6 +57,17 @@ RENEW_SECONDS = 2.0
 HEARTBEAT_SLACK_SECONDS = 2.0
 
 
+def holders_shown(serves: dict[str, Serve], url: str) -> bool:
+    """Whether every replica's `GET /v1/boxes/{id}` names the lease table's holder, and only the holder
+    says the box is held here."""
+    held = {box_id: row["owner"] for box_id, row in leases(url).items()}
+    return all(
+        (view := serve.box(box_id))["lease_holder"] == owner and view["held_here"] == (name == owner)
+        for name, serve in serves.items()
+        for box_id, owner in held.items()
+    )
+
+
 def leases(url: str) -> dict[str, dict[str, Any]]:
     engine = create_engine(url)
     try:
@@ -146,6 +157,7 @@ def test_three_replicas_warm_once_share_rollouts_and_take_over_a_dead_holders_bo
         )
         any_serve.wait("every box ready on every replica again", lambda: ready_everywhere(serves, box_ids))
         assert sorted(leases(database_url)) == box_ids
+        any_serve.wait("each box's holder named everywhere", lambda: holders_shown(serves, database_url))
         routed = {b for serve in serves.values() for b in serve.routed_boxes()}
         assert routed
         for box_id in box_ids:
@@ -203,6 +215,7 @@ def test_three_replicas_warm_once_share_rollouts_and_take_over_a_dead_holders_bo
         taken = leases(database_url)[victim_box]
         assert taken["acquired_at"] - last_renewal <= LEASE_SECONDS + RENEW_SECONDS + HEARTBEAT_SLACK_SECONDS
         first.wait(f"{victim_box} ready on every survivor", lambda: ready_everywhere(survivors, [victim_box]))
+        first.wait("the survivors name the new holder", lambda: holders_shown(survivors, database_url))
         new_process = proxies[victim_box].seen()[mark:]
         assert len([s for s in new_process if s.is_restart_warmup]) == 1
         routed_now = {b for serve in survivors.values() for b in serve.routed_boxes()}

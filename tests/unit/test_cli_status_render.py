@@ -42,3 +42,20 @@ def test_a_resumed_box_shows_resumed_and_no_overhead_next_to_a_measured_one() ->
     table = render_table([box_row("b1", measured), box_row("b2", resumed)], {})
     assert line_of(table, "b1")[-3:] == ["4.00s", "3.00s", "25.0%"]
     assert line_of(table, "b2")[-3:] == ["resumed", "-", "-"]
+
+
+def test_late_health_answers_and_lease_holders_are_shown() -> None:
+    """A box keeping its routes through late health answers says so; with several replicas a HOLDER column
+    names each box's lease holder and marks the replica answering (`*`); alone, there is no such column."""
+    held = {**box_row("b1", {}), "health_slow_polls": 1, "lease_holder": "replica-a", "held_here": True}
+    other = {**box_row("b2", {}), "lease_holder": "replica-b", "held_here": False}
+    unheld = {**box_row("b3", {}), "lease_holder": None, "held_here": False}
+    table = render_table([held, other, unheld], {})
+    assert table.splitlines()[0].split()[-1] == "HOLDER"
+    assert line_of(table, "b1")[1:3] == ["up,", "1"]
+    assert line_of(table, "b1")[-2:] == ["replica-a", "*"]
+    assert line_of(table, "b2")[-1] == "replica-b"
+    assert line_of(table, "b3")[-1] == "-"
+    alone = render_table([box_row("b1", {})], {})
+    assert "HOLDER" not in alone
+    assert line_of(alone, "b1")[1] == "up"

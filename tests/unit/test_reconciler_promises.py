@@ -14,6 +14,7 @@ from tests.unit.reconciler_fakes import FakeEngine, World, route_boxes, settle, 
 from warmer.core.errors import EngineSlow, EngineUnavailable
 from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmState
 from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.service.status import StatusService
 from warmer.testing import is_probe
 
 HOUR = 3600.0
@@ -139,6 +140,10 @@ def test_one_late_health_answer_keeps_a_box_in_its_routes_and_two_in_a_row_do_no
         assert not w.reconciler._wake.is_set()  # nothing changed: no pass wanted
         (slow,) = [e for e in logs if e["event"].startswith("box slow to answer")]
         assert (slow["box"], slow["slow_polls"], slow["allowed"]) == ("b1", 1, 1)
+        view = await StatusService(w.reconciler, w.store).box("b1")
+        assert view is not None
+        assert (view.healthy, view.health_slow_polls, view.ready.ready) == (True, 1, True)
+        assert (view.lease_holder, view.held_here) == (None, True)  # alone: no leases, every box its own
 
         engine.slow.clear()
         await w.reconciler.poll_health()  # answered in time: the count starts again

@@ -35,8 +35,15 @@ def _seconds(value: object) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.2f}s"
 
 
+def _health(box: dict[str, Any]) -> str:
+    late = box.get("health_slow_polls") or 0
+    return "DOWN" if not box["healthy"] else f"up, {late} late" if late else "up"
+
+
 def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]]) -> str:
-    """The readable form: one line per box, then one line per agent."""
+    """The readable form: one line per box, then one line per agent. With several replicas, a HOLDER
+    column names the replica holding each box's lease (`*` when it is the one answering)."""
+    replicas = any(box.get("lease_holder") for box in boxes)
     header = (
         "BOX",
         "HEALTH",
@@ -48,6 +55,7 @@ def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]])
         "TO READY",
         "ENGINE",
         "OVERHEAD",
+        *(("HOLDER",) if replicas else ()),
     )
     rows: list[tuple[str, ...]] = [header]
     for box in boxes:
@@ -59,7 +67,7 @@ def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]])
         rows.append(
             (
                 box["id"],
-                "up" if box["healthy"] else "DOWN",
+                _health(box),
                 (box["epoch"] or "-")[-24:],
                 box["warmup"],
                 "yes" if ready["ready"] else "no",
@@ -69,6 +77,7 @@ def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]])
                 "resumed" if ttr.get("resumed") else _seconds(ttr.get("time_to_ready_seconds")),
                 _seconds(ttr.get("engine_seconds")),
                 "-" if overhead is None else f"{overhead:.1%}",
+                *((_holder(box),) if replicas else ()),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -85,6 +94,11 @@ def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]])
         note = f"  [{entry['error']}]" if entry.get("error") else ""
         lines.append(f"  {agent_id}: {found}{note}")
     return "\n".join(lines)
+
+
+def _holder(box: dict[str, Any]) -> str:
+    holder = box.get("lease_holder")
+    return "-" if not holder else f"{holder}{' *' if box.get('held_here') else ''}"
 
 
 @click.command("status")

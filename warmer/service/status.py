@@ -91,6 +91,11 @@ class BoxView:
     phases: tuple[PhaseView, ...]
     prefixes: tuple[PrefixView, ...]
     time_to_ready: TimeToReadyView | None
+    health_slow_polls: int = 0  # late health answers in a row it kept its routes through
+    # several replicas: the replica holding the box's lease (it sends the box's warms and probes), null
+    # while none does; `held_here`: this replica. Alone, lease_holder is null and held_here true.
+    lease_holder: str | None = None
+    held_here: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,4 +255,7 @@ class StatusService:
             phases=phases,
             prefixes=_prefix_views(snapshot, box_id, live.epoch),
             time_to_ready=ttr,
+            health_slow_polls=live.slow_polls,
+            lease_holder=snapshot.holders.get(box_id),
+            held_here=snapshot.replica_id is None or snapshot.holders.get(box_id) == snapshot.replica_id,
         )

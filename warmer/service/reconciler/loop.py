@@ -241,6 +241,8 @@ class Reconciler:
             prefixes=dict(self._catalogue.prefixes),
             prefix_errors=dict(self._catalogue.errors),
             config=self._config.planner,
+            holders=self._replicas.holders(),
+            replica_id=self._replicas.replica_id,
         )
 
     def ready_box_ids(self) -> set[str] | None:

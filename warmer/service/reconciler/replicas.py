@@ -67,6 +67,18 @@ class ReplicaSync:
     def owns(self, box_id: str) -> bool:
         return self._gate is None or self._gate.owns(box_id)
 
+    @property
+    def replica_id(self) -> str | None:
+        """This replica's id; None when it runs alone (every box is its own)."""
+        return None if self._gate is None else self._gate.replica_id
+
+    def holders(self) -> dict[str, str]:
+        """Box -> the replica holding its lease, as this replica last read the leases."""
+        if self._gate is None:
+            return {}
+        owners = {box_id: self._gate.owner_of(box_id) for box_id in self._health.live}
+        return {box_id: owner for box_id, owner in owners.items() if owner is not None}
+
     def busy(self) -> frozenset[str]:
         """Boxes with engine work in flight here (a restart warm-up, a warm or a probe): the lease holder
         keeps them past its fair share until idle, so no successor repeats cut-short work."""

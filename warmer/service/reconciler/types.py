@@ -219,6 +219,9 @@ class Snapshot:
     prefixes: Mapping[str, ComputedPrefix]
     prefix_errors: Mapping[str, str]
     config: PlannerConfig
+    # with several replicas: box -> the replica holding its lease (absent: none holds it now), and this one
+    holders: Mapping[str, str] = field(default_factory=dict)
+    replica_id: str | None = None  # None: this daemon alone holds every box
 
     def routes(self) -> dict[str, tuple[Route, ...]]:
         if self.desired is None:
