@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from warmer.core.model import BoxSpec, EngineKind
+from tests.unit.placement_boxes import box
+from warmer.core.model import BoxSpec
 from warmer.core.placement import AgentDemand, PlacementConfig
 from warmer.core.placement.counted import counted_pass
 from warmer.core.placement.demand import Step, prepare
@@ -16,17 +17,6 @@ from warmer.core.placement.greedy import Fill, index_boxes, single_pass
 from warmer.core.placement.hashing import stable_seed, stable_seeds
 
 MODELS = ("m1", "m2")
-
-
-def box(i: int, model: str, tokens: int | None, prefixes: int | None) -> BoxSpec:
-    return BoxSpec(
-        id=f"b{i}",
-        base_url="http://x",
-        engine=EngineKind.VLLM,
-        model=model,
-        cache_capacity_tokens=tokens,
-        prefix_capacity=prefixes,
-    )
 
 
 boxes_st = st.lists(

@@ -8,22 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from warmer.core.model import BoxSpec, EngineKind
+from tests.unit.placement_boxes import box
+from warmer.core.model import BoxSpec
 from warmer.core.placement import AgentDemand, Placement, PlacementConfig, PlacementState, place
 
 MODELS = ("m1", "m2")
 SHARED = {"shared-a": 700, "shared-b": 1900}  # one prefix hash has one size
-
-
-def box(i: int, model: str, tokens: int | None, prefixes: int | None) -> BoxSpec:
-    return BoxSpec(
-        id=f"b{i}",
-        base_url="http://x",
-        engine=EngineKind.VLLM,
-        model=model,
-        cache_capacity_tokens=tokens,
-        prefix_capacity=prefixes,
-    )
 
 
 boxes_st = st.builds(
