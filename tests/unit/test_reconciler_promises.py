@@ -11,8 +11,9 @@ import structlog
 from structlog.testing import capture_logs
 
 from tests.unit.reconciler_fakes import FakeEngine, World, route_boxes, settle, world
-from warmer.core.errors import EngineSlow, EngineUnavailable
-from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmState
+from warmer.adapters.store import SqlStore
+from warmer.core.errors import EngineSlow, EngineUnavailable, LeaseLost
+from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmRecord, WarmState
 from warmer.core.planner import PlannerConfig, WarmBudget
 from warmer.service.status import StatusService
 from warmer.testing import is_probe
@@ -55,6 +56,24 @@ class SlowHealthEngine(FakeEngine):
         if box.id in self.slow:
             raise EngineSlow(box.id, "GET /health timed out after 3s")
         return await super().health(box)
+
+
+class FencedOutStore(SqlStore):
+    """The real store, except that the writes of the boxes in `fenced_warms` / `fenced_epochs` are refused as
+    the lease fence refuses them: another replica took the box between this replica's check and its write."""
+
+    fenced_warms: frozenset[str] = frozenset()
+    fenced_epochs: frozenset[str] = frozenset()
+
+    async def put_warm(self, record: WarmRecord, *, reason: str, previous: WarmState | None) -> None:
+        if record.box_id in self.fenced_warms:
+            raise LeaseLost(f"box {record.box_id!r}: replica 'r1' no longer holds its lease; not written")
+        await super().put_warm(record, reason=reason, previous=previous)
+
+    async def record_epoch(self, box_id: str, epoch: str, at: float) -> bool:
+        if box_id in self.fenced_epochs:
+            raise LeaseLost(f"box {box_id!r}: replica 'r1' no longer holds its lease; not written")
+        return await super().record_epoch(box_id, epoch, at)
 
 
 def _planner(**overrides: object) -> PlannerConfig:
@@ -172,6 +191,38 @@ def test_with_no_late_answers_allowed_one_takes_the_box_out(store_url: str) -> N
         await w.reconciler.poll_health()
         assert w.reconciler.ready_box_ids() == {"b1"}
         await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_writes_refused_by_the_lease_fence_are_dropped_not_recorded_and_jam_nothing(store_url: str) -> None:
+    """A box taken over by another replica: its warm and its new epoch are refused by the store
+    (`LeaseLost`). The warm stops at its first write, before any engine traffic, and never reaches this
+    replica's view (the box is not called ready on it); the epoch write leaves the queue (the other boxes'
+    writes still land); both are logged."""
+
+    async def scenario() -> None:
+        w = world(store_url, planner=_planner(retire_idle_after_seconds=None), store_class=FencedOutStore)
+        store = w.store
+        assert isinstance(store, FencedOutStore)
+        store.fenced_warms = frozenset({"b1"})
+        with capture_logs() as logs:
+            await settle(w.reconciler)
+        assert "warm result not written: the box's lease is held elsewhere" in [e["event"] for e in logs]
+        assert not w.engine.warms("b1")  # the refused "warm started" write stops it before any engine traffic
+        assert [r.box_id for r in await store.list_warm()] == ["b2"]
+        assert w.reconciler.ready_box_ids() == {"b2"}
+        assert route_boxes(w.reconciler, "sales") == ["b2"]
+
+        store.fenced_epochs = frozenset({"b1"})
+        w.engine.restart("b1")
+        w.engine.restart("b2")
+        with capture_logs() as logs:
+            await w.reconciler.poll_health()
+        assert "box write dropped: lease held elsewhere" in [e["event"] for e in logs]
+        assert await store.current_epoch("b2") == "gen-1"  # written after b1's refused write
+        assert await store.current_epoch("b1") == "gen-0"
+        await store.close()
 
     asyncio.run(scenario())
 

@@ -52,6 +52,11 @@ class StoreError(WarmerError):
     """The warm-state store refused a write (e.g. a record for a box or epoch it does not know)."""
 
 
+class LeaseLost(StoreError):
+    """A write of a box's rows by a replica the database no longer names as the box's live lease holder:
+    refused inside its transaction, so nothing of it was written (another replica owns the box now)."""
+
+
 class StoreUnavailable(StoreError):
     """The database did not answer or was locked past its timeout (worth retrying)."""
 

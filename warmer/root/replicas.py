@@ -58,10 +58,11 @@ class ReplicaWiring:
         self._fleet: Callable[[], Collection[str]] = lambda: ()
         self._reconciler_done = asyncio.Event()
         # over any other store (a test's fake): one daemon, no gate, nothing shared
-        self.coordination = SqlCoordination(store) if isinstance(store, SqlStore) else None
+        sql = store if isinstance(store, SqlStore) else None
+        self.coordination = SqlCoordination(sql) if sql is not None else None
         self.ownership: BoxOwnership | None = None
         self.gate: ReplicaGate | None = None
-        if self.coordination is None:
+        if sql is None or self.coordination is None:
             return
         holder: BoxOwnership | SoleOwnership
         if self.coordination.notifies:  # a server database: replicas may share it
@@ -74,6 +75,7 @@ class ReplicaWiring:
                 on_change=self._leases_changed,
                 busy=lambda: () if self._reconciler is None else self._reconciler.replicas.busy(),
             )
+            sql.fence_box_writes(holder.replica_id)  # a box's rows only while this replica holds it
         else:
             holder = SoleOwnership(settings.replicas.replica_id)
         self.gate = ReplicaGate(ownership=holder, coordination=self.coordination)

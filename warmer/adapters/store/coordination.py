@@ -86,7 +86,7 @@ class SqlCoordination:
         info = dict(detail or {})
 
         def work(session: Session) -> LeaseView:
-            now = self._db_now(session)
+            now = self._store.db_now(session)
             until = now + config.lease_seconds
             self._store._upsert(
                 session,
@@ -172,7 +172,7 @@ class SqlCoordination:
         row: survivors recount their fair share and take the boxes at their next heartbeat."""
 
         def work(session: Session) -> None:
-            now = self._db_now(session)
+            now = self._store.db_now(session)
             session.execute(
                 update(BoxLeaseRow)
                 .where(BoxLeaseRow.owner == replica_id)
@@ -188,7 +188,7 @@ class SqlCoordination:
         """Every lease row and live replica now (for status and tests)."""
 
         def work(session: Session) -> LeaseView:
-            return self._view(session, self._db_now(session), None)
+            return self._view(session, self._store.db_now(session), None)
 
         return await self._store._run(work, write=False)
 
@@ -310,13 +310,6 @@ class SqlCoordination:
         }
         columns = ["drain_reason", "event_id", "updated_at"] + ([] if epoch_tag is None else ["epoch_tag"])
         self._store._upsert(session, RolloutStateRow, values, keys=["box_id"], update=columns)
-
-    def _db_now(self, session: Session) -> float:
-        """The database's clock on PostgreSQL (every replica measures leases by one clock); this process's
-        on SQLite (one replica)."""
-        if self._store.dialect == "postgresql":
-            return float(session.execute(text("SELECT extract(epoch from clock_timestamp())")).scalar_one())
-        return self._store._now()
 
     def _notify(self, session: Session, what: str) -> None:
         if self._store.dialect == "postgresql":

@@ -5,6 +5,12 @@ call: no async driver to install, and the event loop never waits on disk or the 
 must not race (upserts, idempotency keys) lean on the database's own constraints, so several daemon
 replicas on one PostgreSQL stay correct.
 
+Fencing (several replicas): once `fence_box_writes(replica_id)` is called, every write of a box's own rows
+(its epoch, warm records, restart warm-up phases) first checks, in its transaction, that `box_leases` names
+this replica as the box's holder with a lease the database clock has not seen expire, and holds that row
+FOR SHARE until commit: a replica paused past its lease (a stopped process, a long GC) cannot write over
+its successor's work, and a takeover waits for a write already checked. A refused write is `LeaseLost`.
+
 Size: the StorePort over SQL is one class with one method per port call (about twenty), each one short
 transaction through the same plumbing at the bottom; apart, the methods would lose the one rule they share.
 """
@@ -30,6 +36,7 @@ from warmer.adapters.store.tables import (
     AgentRow,
     Base,
     BoxEpochRow,
+    BoxLeaseRow,
     BoxRow,
     CampaignRow,
     EventRow,
@@ -38,7 +45,7 @@ from warmer.adapters.store.tables import (
     WarmRecordRow,
     WebhookEventRow,
 )
-from warmer.core.errors import StoreError, StoreUnavailable
+from warmer.core.errors import LeaseLost, StoreError, StoreUnavailable
 from warmer.core.event_kinds import EventKind
 from warmer.core.model import (
     BoxSpec,
@@ -68,6 +75,7 @@ class SqlStore:
         if self._dialect not in ("sqlite", "postgresql"):
             raise StoreError(f"database url: unsupported backend {self._dialect!r} (sqlite or postgresql)")
         self._now = now  # only for rows whose port call carries no time (sync_boxes)
+        self._fence: str | None = None  # the replica whose lease every box-scoped write must hold
 
     @classmethod
     def from_url(cls, url: str, *, now: Callable[[], float] = time.time) -> SqlStore:
@@ -78,6 +86,33 @@ class SqlStore:
     @property
     def dialect(self) -> str:
         return self._dialect
+
+    def fence_box_writes(self, replica_id: str) -> None:
+        """From now on, a box's own rows are written only while `replica_id` holds the box's lease."""
+        if not replica_id:
+            raise StoreError("replica_id: must not be empty")
+        self._fence = replica_id
+
+    def db_now(self, session: Session) -> float:
+        """The database's clock on PostgreSQL (every replica measures leases by one clock); this process's
+        on SQLite (one replica)."""
+        if self._dialect == "postgresql":
+            return float(session.execute(text("SELECT extract(epoch from clock_timestamp())")).scalar_one())
+        return self._now()
+
+    def _check_fence(self, session: Session, box_id: str) -> None:
+        """Refuse the transaction's write of `box_id`'s rows unless this replica holds its live lease."""
+        if self._fence is None:
+            return
+        held = select(BoxLeaseRow.box_id).where(
+            BoxLeaseRow.box_id == box_id,
+            BoxLeaseRow.owner == self._fence,
+            BoxLeaseRow.expires_at > self.db_now(session),
+        )
+        if self._dialect == "postgresql":
+            held = held.with_for_update(read=True)  # FOR SHARE: a takeover waits for this commit
+        if session.execute(held).first() is None:
+            raise LeaseLost(f"box {box_id!r}: replica {self._fence!r} no longer holds its lease; not written")
 
     async def close(self) -> None:
         await asyncio.to_thread(self._engine.dispose)
@@ -137,6 +172,7 @@ class SqlStore:
             raise StoreError(f"epoch: must not be empty (box {box_id!r})")
 
         def work(session: Session) -> bool:
+            self._check_fence(session, box_id)
             box = session.get(BoxRow, box_id, with_for_update=True)
             if box is None:
                 raise StoreError(f"box_id: unknown box {box_id!r}; sync_boxes before recording its epoch")
@@ -255,6 +291,7 @@ class SqlStore:
         """Write the record and append its transition event in one transaction: both or neither."""
 
         def work(session: Session) -> None:
+            self._check_fence(session, record.box_id)
             self._upsert(
                 session,
                 WarmRecordRow,
@@ -295,6 +332,7 @@ class SqlStore:
 
     async def drop_other_epochs(self, box_id: str, keep_epoch: str) -> int:
         def work(session: Session) -> int:
+            self._check_fence(session, box_id)
             doomed = list(
                 session.scalars(
                     select(WarmRecordRow.epoch)
@@ -325,8 +363,10 @@ class SqlStore:
 
     async def put_phase(self, record: PhaseRecord) -> None:
         """Insert or update one phase of one epoch (a phase is written when it starts and when it ends)."""
-        await self._run(
-            lambda session: self._upsert(
+
+        def work(session: Session) -> None:
+            self._check_fence(session, record.box_id)
+            self._upsert(
                 session,
                 RestartPhaseRow,
                 {
@@ -341,9 +381,9 @@ class SqlStore:
                     "error": record.error,
                 },
                 keys=["box_id", "epoch", "phase"],
-            ),
-            write=True,
-        )
+            )
+
+        await self._run(work, write=True)
 
     async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]:
         def work(session: Session) -> list[PhaseRecord]:

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 
 from warmer.core.agents import AgentSpec
-from warmer.core.errors import WarmerError
+from warmer.core.errors import LeaseLost, WarmerError
 from warmer.core.model import (
     BoxSpec,
     ModelProfile,
@@ -253,6 +253,8 @@ class ActionRunner:
         try:
             async with self._slots(key[0]):
                 result = await work
+        except LeaseLost as exc:  # another replica holds the box now: its result is not ours to record
+            self._log.warning("warm result not written: the box's lease is held elsewhere", error=str(exc))
         except WarmerError as exc:
             self._log.error(
                 "warm work failed", box=key[0], prefix=key[1], error=f"{type(exc).__name__}: {exc}"

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import structlog
 
-from warmer.core.errors import EngineSlow, StoreError, WarmerError
+from warmer.core.errors import EngineSlow, LeaseLost, StoreError, WarmerError
 from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
 from warmer.core.planner import WarmupStatus
@@ -212,10 +212,14 @@ class BoxHealth:
 
     async def flush(self) -> None:
         """Write what the view is ahead of, oldest first; each leaves the queue once written, so a
-        StoreError (raised) keeps it and the rest for the next try."""
+        StoreError (raised) keeps it and the rest for the next try. One the database refuses because
+        another replica holds the box now (`LeaseLost`) leaves the queue: that replica writes the box."""
         while self._unwritten:
             key, write = next(iter(self._unwritten.items()))
-            await write()
+            try:
+                await write()
+            except LeaseLost as exc:
+                self._log.warning("box write dropped: lease held elsewhere", box=key[0], error=str(exc))
             del self._unwritten[key]
 
     async def _store_epoch(self, box_id: str, epoch: str, at: float, *, new: bool = False) -> None:
