@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from warmer.adapters.store import SqlStore
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
-from warmer.core.errors import EngineError, NotSupported
+from warmer.core.errors import EngineError, LeaseLost, NotSupported
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
@@ -22,6 +22,8 @@ from warmer.core.model import (
     ModelProfile,
     Prefix,
     RestartRecipe,
+    WarmRecord,
+    WarmState,
 )
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig
@@ -229,6 +231,24 @@ class World:
     store: SqlStore
     clock: FakeClock
     source: FakePrefixSource
+
+
+class FencedOutStore(SqlStore):
+    """The real store, except that the writes of the boxes in `fenced_warms` / `fenced_epochs` are refused as
+    the lease fence refuses them: another replica took the box between this replica's check and its write."""
+
+    fenced_warms: frozenset[str] = frozenset()
+    fenced_epochs: frozenset[str] = frozenset()
+
+    async def put_warm(self, record: WarmRecord, *, reason: str, previous: WarmState | None) -> None:
+        if record.box_id in self.fenced_warms:
+            raise LeaseLost(f"box {record.box_id!r}: replica 'r1' no longer holds its lease; not written")
+        await super().put_warm(record, reason=reason, previous=previous)
+
+    async def record_epoch(self, box_id: str, epoch: str, at: float) -> bool:
+        if box_id in self.fenced_epochs:
+            raise LeaseLost(f"box {box_id!r}: replica 'r1' no longer holds its lease; not written")
+        return await super().record_epoch(box_id, epoch, at)
 
 
 def world(

@@ -12,9 +12,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, TickClock
-from tests.unit.reconciler_fakes import PROFILE, World, settle, world
+from tests.unit.reconciler_fakes import PROFILE, FencedOutStore, World, settle, world
 from warmer.core.model import KvEventsEndpoint, Prefix, WarmRecord, WarmState
 from warmer.core.planner import PlannerConfig
 from warmer.core.residency import PrefixState
@@ -51,7 +52,11 @@ async def transitions(w: World) -> list[str]:
 def run(scenario: Callable[[World], Awaitable[None]], store_url: str) -> None:
     async def go() -> None:
         w = world(
-            store_url, box_ids=("b1",), planner=PlannerConfig(retire_idle_after_seconds=None), min_group=1
+            store_url,
+            box_ids=("b1",),
+            planner=PlannerConfig(retire_idle_after_seconds=None),
+            min_group=1,
+            store_class=FencedOutStore,
         )
         try:
             await scenario(w)
@@ -91,6 +96,35 @@ def test_an_evicted_prefix_is_rewarmed_on_the_event_without_a_probe(store_url: s
         assert len(w.engine.probes("b1")) == probes + 1  # only the re-warm's own verification
         reasons = await transitions(w)
         assert any(r.startswith("kv event: evicted, the engine holds 12 of its tokens") for r in reasons)
+        await watcher.close()
+
+    run(scenario, store_url)
+
+
+def test_an_eviction_another_replica_must_record_is_left_to_it(store_url: str) -> None:
+    """Several replicas follow a box's events; the store refuses the eviction's write on a replica that
+    does not hold the box's lease (`LeaseLost`): the reaction leaves it to the holder, without failing."""
+
+    async def scenario(w: World) -> None:
+        watcher, publisher = followed(w)
+        await asyncio.sleep(0)
+        await publisher.settled()
+        cache, prefix = FakeCache(), the_prefix(w)
+        assert prefix.token_ids is not None
+        await settle(w.reconciler)
+        await w.reconciler.evictions.wait_idle()
+        publisher.publish(cache.store(prefix.token_ids))
+        await publisher.settled()
+        store = w.store
+        assert isinstance(store, FencedOutStore)
+        store.fenced_warms = frozenset({"b1"})
+        with capture_logs() as logs:
+            publisher.publish(cache.evict(prefix.token_ids, 3))
+            await publisher.settled()
+            await w.reconciler.evictions.wait_idle()
+        assert (await warm_record(w)).state is WarmState.WARM  # the holder records it, not this replica
+        (left,) = [e for e in logs if e["event"] == "kv event left to the box's lease holder"]
+        assert (left["box"], left["prefix"]) == ("b1", prefix.hash)
         await watcher.close()
 
     run(scenario, store_url)

@@ -10,10 +10,9 @@ from dataclasses import replace
 import structlog
 from structlog.testing import capture_logs
 
-from tests.unit.reconciler_fakes import FakeEngine, World, route_boxes, settle, world
-from warmer.adapters.store import SqlStore
-from warmer.core.errors import EngineSlow, EngineUnavailable, LeaseLost
-from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmRecord, WarmState
+from tests.unit.reconciler_fakes import FakeEngine, FencedOutStore, World, route_boxes, settle, world
+from warmer.core.errors import EngineSlow, EngineUnavailable
+from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmState
 from warmer.core.planner import PlannerConfig, WarmBudget
 from warmer.service.status import StatusService
 from warmer.testing import is_probe
@@ -56,24 +55,6 @@ class SlowHealthEngine(FakeEngine):
         if box.id in self.slow:
             raise EngineSlow(box.id, "GET /health timed out after 3s")
         return await super().health(box)
-
-
-class FencedOutStore(SqlStore):
-    """The real store, except that the writes of the boxes in `fenced_warms` / `fenced_epochs` are refused as
-    the lease fence refuses them: another replica took the box between this replica's check and its write."""
-
-    fenced_warms: frozenset[str] = frozenset()
-    fenced_epochs: frozenset[str] = frozenset()
-
-    async def put_warm(self, record: WarmRecord, *, reason: str, previous: WarmState | None) -> None:
-        if record.box_id in self.fenced_warms:
-            raise LeaseLost(f"box {record.box_id!r}: replica 'r1' no longer holds its lease; not written")
-        await super().put_warm(record, reason=reason, previous=previous)
-
-    async def record_epoch(self, box_id: str, epoch: str, at: float) -> bool:
-        if box_id in self.fenced_epochs:
-            raise LeaseLost(f"box {box_id!r}: replica 'r1' no longer holds its lease; not written")
-        return await super().record_epoch(box_id, epoch, at)
 
 
 def _planner(**overrides: object) -> PlannerConfig:

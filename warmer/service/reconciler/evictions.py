@@ -22,6 +22,7 @@ from typing import Protocol
 
 import structlog
 
+from warmer.core.errors import LeaseLost
 from warmer.core.model import BoxSpec, Prefix, WarmRecord, WarmState
 from warmer.core.plan_actions import ProbePrefix, WarmPrefix, WarmReason
 from warmer.core.planner import WarmKey
@@ -167,7 +168,11 @@ class EvictionReactions:
         except IllegalTransition as exc:
             self._log.warning("kv event: transition no longer applies", box=box_id, error=str(exc))
             return False
-        await self._book.write(updated, reason=why, previous=record.state)
+        try:
+            await self._book.write(updated, reason=why, previous=record.state)
+        except LeaseLost:  # several replicas follow the box's events; its lease holder records them
+            self._log.debug("kv event left to the box's lease holder", box=box_id, prefix=prefix_hash)
+            return False
         if updated.state is WarmState.EVICTED:
             self._book.release_pin(key)
         if poke:
