@@ -71,17 +71,23 @@ def the_prefix(w: World) -> Prefix:
     return w.source.compute(next(iter(w.reconciler.agent_specs().values()))).prefix
 
 
+async def warmed_and_stored(w: World) -> tuple[CacheEventWatcher, FakePublisher, FakeCache, Prefix]:
+    """b1 followed, its agent's prefix warmed and verified, and the engine's store of it published."""
+    watcher, publisher = followed(w)
+    await asyncio.sleep(0)
+    await publisher.settled()
+    cache, prefix = FakeCache(), the_prefix(w)
+    assert prefix.token_ids is not None
+    await settle(w.reconciler)
+    await w.reconciler.evictions.wait_idle()  # the verified prefix is now followed
+    publisher.publish(cache.store(prefix.token_ids))
+    await publisher.settled()
+    return watcher, publisher, cache, prefix
+
+
 def test_an_evicted_prefix_is_rewarmed_on_the_event_without_a_probe(store_url: str) -> None:
     async def scenario(w: World) -> None:
-        watcher, publisher = followed(w)
-        await asyncio.sleep(0)
-        await publisher.settled()
-        cache, prefix = FakeCache(), the_prefix(w)
-        assert prefix.token_ids is not None
-        await settle(w.reconciler)
-        await w.reconciler.evictions.wait_idle()  # the verified prefix is now followed
-        publisher.publish(cache.store(prefix.token_ids))
-        await publisher.settled()
+        watcher, publisher, cache, prefix = await warmed_and_stored(w)
         assert getattr(watcher.state("b1", prefix.hash), "state", None) is PrefixState.RESIDENT
         warms, probes = len(w.engine.warms("b1")), len(w.engine.probes("b1"))
 
@@ -106,15 +112,7 @@ def test_an_eviction_another_replica_must_record_is_left_to_it(store_url: str) -
     does not hold the box's lease (`LeaseLost`): the reaction leaves it to the holder, without failing."""
 
     async def scenario(w: World) -> None:
-        watcher, publisher = followed(w)
-        await asyncio.sleep(0)
-        await publisher.settled()
-        cache, prefix = FakeCache(), the_prefix(w)
-        assert prefix.token_ids is not None
-        await settle(w.reconciler)
-        await w.reconciler.evictions.wait_idle()
-        publisher.publish(cache.store(prefix.token_ids))
-        await publisher.settled()
+        watcher, publisher, cache, prefix = await warmed_and_stored(w)
         store = w.store
         assert isinstance(store, FencedOutStore)
         store.fenced_warms = frozenset({"b1"})
