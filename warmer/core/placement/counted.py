@@ -10,7 +10,7 @@ needs one count per box, and most agents just take the head of their ranking: th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from warmer.core.model import BoxSpec
 from warmer.core.placement.demand import Demand, Step
@@ -59,7 +59,7 @@ def counted_pass(
             chosen = examined = head  # no box refused it: it took the head of its candidates
         else:
             entered.clear()
-            chosen, examined = _walk(agent, mine, need, seeds[aid], index, counts, cap, entered)
+            chosen, examined = _walk(demand, index, agent, counts, cap, entered)
             if not chosen:
                 return None
         for box_id in chosen:
@@ -81,17 +81,16 @@ def _counts_decide(demand: Demand, spec: Mapping[str, BoxSpec], cap: int) -> boo
 
 
 def _walk(
-    agent: AgentDemand,
-    mine: Sequence[str],
-    need: int,
-    seed: int,
+    demand: Demand,
     index: BoxIndex,
+    agent: AgentDemand,
     counts: Mapping[str, int],
     cap: int,
     entered: list[int],
 ) -> tuple[list[str], list[str]]:
     """`Fill.take_first` over the agent's boxes, then over its ranking without them, by counts alone:
     (the boxes taken, the boxes looked at)."""
+    mine, need = demand.incumbents[agent.agent_id], demand.wanted[agent.agent_id]
     chosen: list[str] = []
     examined: list[str] = []
     for box_id in mine:
@@ -100,9 +99,7 @@ def _walk(
             chosen.append(box_id)
             if len(chosen) >= need:
                 return chosen, examined
-    for box_id in index.walk(agent.agent_id, seed, agent.model, entered):
-        if box_id in mine:
-            continue
+    for box_id in demand.ranking(index, agent, entered):
         examined.append(box_id)
         if counts.get(box_id, 0) < cap:
             chosen.append(box_id)

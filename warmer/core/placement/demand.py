@@ -1,7 +1,7 @@
 """The agents of one placement, checked and in turn order, and what one agent did in the single pass.
 
-Shared by the two single passes (`uncapped`, which checks caps once at the end, and `greedy`'s, which checks
-them at every take), the coverage-first fill and the incremental state.
+Shared by the two single passes (`counted`, by agent counts alone, and `greedy`'s, which checks every cap at
+every take), the coverage-first fill and the incremental state.
 """
 
 from __future__ import annotations

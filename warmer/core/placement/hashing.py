@@ -41,8 +41,7 @@ def stable_seed(*parts: str) -> int:
         return int.from_bytes(hashlib.blake2b(digest_size=8, person=_PERSON).digest(), "little")
     digest = _head(parts[0]).copy()
     for part in parts[1:]:
-        encoded = part.encode()
-        digest.update(len(encoded).to_bytes(4, "little") + encoded)
+        digest.update(_part(part))
     return int.from_bytes(digest.digest(), "little")
 
 
@@ -62,8 +61,7 @@ def stable_seeds(first: str, names: Iterable[str]) -> list[int]:
     seeds: list[int] = []
     for name in names:
         digest = copy()
-        encoded = name.encode()
-        digest.update(len(encoded).to_bytes(4, "little") + encoded)
+        digest.update(_part(name))
         seeds.append(from_bytes(digest.digest(), "little"))
     return seeds
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import NamedTuple
 
 import structlog
 
@@ -37,7 +38,14 @@ from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
 
-Health = tuple[bool, str | None, str | None, bool]  # (healthy, epoch, why not, only too slow to answer)
+
+class Health(NamedTuple):
+    """One box's answer to a poll."""
+
+    healthy: bool
+    epoch: str | None
+    error: str | None  # why not healthy
+    slow: bool  # not healthy only because it answered too late
 
 
 class BoxHealth:
@@ -101,24 +109,24 @@ class BoxHealth:
         return after is not None and was is not None and (after.healthy, after.epoch) != was
 
     async def poll(self, box: BoxSpec) -> Health:
-        """(healthy, epoch, why not) of one box, as its engine answers now."""
+        """One box's health and epoch, as its engine answers now."""
         try:
             if not await self._engine.health(box):
-                return False, None, "health check failed", False
+                return Health(False, None, "health check failed", slow=False)
             epoch = await self._engine.epoch(box)
             tag = self._epoch_tag(box.id)
-            return True, (epoch if tag is None else f"{epoch}~{tag}"), None, False
+            return Health(True, epoch if tag is None else f"{epoch}~{tag}", None, slow=False)
         except EngineSlow as exc:
-            return False, None, str(exc), True
+            return Health(False, None, str(exc), slow=True)
         except WarmerError as exc:
-            return False, None, str(exc), False
+            return Health(False, None, str(exc), slow=False)
 
     async def recheck(self, box: BoxSpec, lock: asyncio.Lock) -> bool:
         """Look at one box now, between polls; True when something changed (applied under `lock`, the
         fleet lock, and written if the store answers)."""
         health = await self.poll(box)
         live = self.live.get(box.id)
-        if live is not None and health[0] == live.healthy and health[1] == live.epoch:
+        if live is not None and health.healthy == live.healthy and health.epoch == live.epoch:
             return False
         async with lock:
             changed = await self._apply_seen(box, health, self._clock.now())
