@@ -78,6 +78,8 @@ class EngineHttp:
         started = time.perf_counter()
         try:
             response = await self._client.request(method, url, json=body, timeout=self._timeout(time_limit))
+        # httpx splits timeouts into connect / read / write / pool, all TimeoutException subclasses
+        # (https://www.python-httpx.org/advanced/timeouts): only a connect timeout means no one took the call.
         except httpx.ConnectTimeout as exc:
             raise EngineUnavailable(box.id, f"{method} {path}: no connection within the time limit") from exc
         except httpx.TimeoutException as exc:
