@@ -15,14 +15,22 @@ Inputs are figures the engines report themselves:
 Per agent, the headroom of each box it is routed to is summed. A box routed for several agents is
 counted for each of them: the figure says what the agent could take if the others stay where they are.
 Pure: no clock, no I/O; the service layer hands in what it read.
+
+The second half is the **prefix budget** of a box whose cache is one shared token pool (vLLM blocks, SGLang's
+token pool): how many prefix tokens may be kept warm beside the live calls. Live calls come first: their
+working set (the used share of the pool) grows with load, so the budget is the pool less that working set
+with headroom for growth until the next reading, less a floor kept free. It follows load through a band
+(`PrefixBudgetPolicy.in_force`), so a budget that moves a little at every reading does not re-run
+placement every time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from warmer.core import model
 from warmer.core.model import CacheStats
 
 DEFAULT_SAFE_FRACTION = 0.6
@@ -187,3 +195,83 @@ def agent_capacity(
             )
         )
     return answer
+
+
+# --- the prefix budget of a shared token pool -------------------------------------------------------------
+
+DEFAULT_PREFIX_HEADROOM = 0.25
+DEFAULT_PREFIX_FLOOR = 0.05
+DEFAULT_PREFIX_BAND = 0.10
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixBudgetPolicy:
+    """How much of a pool is left for prefixes, and how far a new reading must move the budget in force.
+
+    `headroom`: the live working set is counted `(1 + headroom)` times, so calls that arrive before the next
+    reading still fit; `floor`: a share of the pool never given to prefixes; `band`: the relative change the
+    budget in force ignores (a change of more than `band` of it applies, either way)."""
+
+    headroom: float = DEFAULT_PREFIX_HEADROOM
+    floor: float = DEFAULT_PREFIX_FLOOR
+    band: float = DEFAULT_PREFIX_BAND
+
+    def __post_init__(self) -> None:
+        if not self.headroom >= 0:
+            raise ValueError(f"prefix budget headroom must be >= 0, got {self.headroom}")
+        if not 0 <= self.floor < 1:
+            raise ValueError(f"prefix budget floor must be within [0, 1), got {self.floor}")
+        if not 0 <= self.band < 1:
+            raise ValueError(f"prefix budget band must be within [0, 1), got {self.band}")
+
+    def budget(self, pool_tokens: int, used_share: float | None) -> int:
+        """`prefix_budget_tokens` under this policy."""
+        return prefix_budget_tokens(pool_tokens, used_share, headroom=self.headroom, floor=self.floor)
+
+    def in_force(self, current: int | None, new: int) -> int:
+        """`budget_in_force` under this policy's band."""
+        return budget_in_force(current, new, band=self.band)
+
+
+def prefix_budget_tokens(
+    pool_tokens: int,
+    used_share: float | None,
+    *,
+    headroom: float = DEFAULT_PREFIX_HEADROOM,
+    floor: float = DEFAULT_PREFIX_FLOOR,
+) -> int:
+    """Prefix tokens a pool holds beside its live calls: pool - working set x (1 + headroom) - floor x pool,
+    never negative. An unknown used share (the engine's metrics are off) counts as an idle pool: the floor
+    alone is kept free, as it was before the load could be read."""
+    if pool_tokens <= 0:
+        return 0
+    share = min(max(used_share or 0.0, 0.0), 1.0)  # a gauge is a ratio; clamp a stray reading
+    left = pool_tokens * (1.0 - share * (1.0 + headroom) - floor)
+    return max(0, int(left))
+
+
+def budget_in_force(current: int | None, new: int, *, band: float = DEFAULT_PREFIX_BAND) -> int:
+    """The budget to use now: `new` when nothing is in force yet or when it differs from the budget in force
+    by more than `band` of it; otherwise the budget in force stays. A shrink past the band applies at the
+    first reading that shows it (the room is gone: warming into it only evicts); a growth within the band
+    waits, so a budget that moves a little at every reading does not re-place its box each time. Measured
+    from the budget in force, not the last reading, so a slow drift applies once it adds up to the band."""
+    if current is None:
+        return new
+    return new if abs(new - current) > band * max(current, 1) else current
+
+
+def capacity_in_force(
+    in_force: model.BoxCapacity | None, read: model.BoxCapacity, policy: PrefixBudgetPolicy
+) -> model.BoxCapacity:
+    """The figures to place by after a new reading: the reading, with its prefix budget (`tokens`) derived
+    from its pool and used share under `policy` and held within the band of the budget in force. Without a
+    pool the reading stands as the engine gave it; a different pool (a new process, a resized cache) starts
+    the budget afresh."""
+    if read.pool_tokens is None:
+        return read
+    budget = policy.budget(read.pool_tokens, read.used_share)
+    current = None
+    if in_force is not None and in_force.pool_tokens == read.pool_tokens:
+        current = in_force.tokens
+    return replace(read, tokens=policy.in_force(current, budget))

@@ -168,6 +168,12 @@ class BoxCapacity:
     # One prompt per slot, and a request may name its slot (llama.cpp `id_slot`): warmer then pins each
     # prefix to a slot of its own, so its own requests and pinned calls never evict a neighbour's prompt.
     pinnable_slots: int | None = None
+    # A shared token pool's size, and the share of it live requests hold now (cached tokens no request holds
+    # count as free: the engine evicts them for new work). `tokens` is the prefix budget derived from these
+    # (`warmer.core.capacity.prefix_budget_tokens`); keeping the inputs lets the reconciler re-derive it with
+    # its configured headroom and say in its log why the budget moved.
+    pool_tokens: int | None = None
+    used_share: float | None = None
 
     def applied_to(self, box: BoxSpec) -> BoxSpec:
         """The box with these limits where its configuration does not set its own (configuration wins)."""

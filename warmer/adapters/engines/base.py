@@ -21,6 +21,7 @@ import httpx
 
 from warmer.adapters.engines.http import EngineHttp, EngineRejected
 from warmer.adapters.engines.restart_watch import RestartWatch
+from warmer.core.capacity import prefix_budget_tokens
 from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
 from warmer.core.hitrate import CACHE_COUNTERS, cache_stats_from_samples
 from warmer.core.model import (
@@ -174,6 +175,25 @@ def metric_sum(samples: Sequence[Sample], *names: str) -> float | None:
         if total is not None:
             return total
     return None
+
+
+def busiest_share(samples: Sequence[Sample], name: str) -> float | None:
+    """The highest value of a usage-ratio gauge over its series (one per data-parallel rank or engine): the
+    rank with the least room bounds what a prefix may count on. None when the gauge is not exposed or
+    holds no finite ratio."""
+    values = [s.value for s in samples if s.name == name and math.isfinite(s.value) and s.value >= 0]
+    return max(values) if values else None
+
+
+def pool_capacity(pool_tokens: int, used_share: float | None, source: str) -> BoxCapacity:
+    """A shared token pool's capacity: its size, the share live calls hold, and the prefix budget they leave
+    under the default headroom (the reconciler re-derives it under its configured one)."""
+    return BoxCapacity(
+        tokens=prefix_budget_tokens(pool_tokens, used_share),
+        pool_tokens=pool_tokens,
+        used_share=used_share,
+        source=source if used_share is not None else f"{source} (used share not reported: taken as idle)",
+    )
 
 
 # --- What every adapter shares ------------------------------------------------------------------------

@@ -18,6 +18,19 @@ Sources (sgl-project/sglang):
   server args (`server_args.resolved_dict()`, sglang/srt/utils/common.py `build_server_info`), including
   `model_path`, `random_seed` (drawn at random per launch unless pinned), `page_size` and, for hybrid
   models, `mamba_radix_cache_strategy` (earlier releases: `mamba_scheduler_strategy`), plus `version`.
+- Capacity: `/server_info` also carries the scheduler's init info, merged into the answer
+  (http_server.py @ 0025436eab0556737d615b36a4dd3e1e26e82f3d `get_server_info`: `{**server_args,
+  **_global_state.scheduler_info, "internal_states", "version"}`; the scheduler's handshake
+  managers/scheduler.py `get_init_info` -> `{"status", "max_total_num_tokens", "max_req_input_len"}`, of the
+  first rank: per rank with `--dp-size` > 1). `max_total_num_tokens` is the KV token pool. The share live
+  requests hold is the `sglang:token_usage` gauge (metrics/collector.py `SchedulerMetricsCollector`, one
+  series per tp/pp/dp rank, set on every prefill batch and decode log interval by
+  managers/scheduler_metrics_mixin.py @ 01bb3c807f7e62c19a31de7548837505488c2b64): `num_used /
+  max_total_num_tokens` with `num_used = max_total_num_tokens - (available_size + evictable_size)`
+  (managers/scheduler_runtime_checker_mixin.py @ 008e7b87b07c4ef50f6506ffd1ae956fb9e16021 `_get_token_info`),
+  so cached tokens no request holds (evictable) count as free; hybrid models report the fullest of their
+  pools (`get_max_pool_usage`). The gauge keeps its last value until the next batch (a /health poll runs one
+  when the box is idle).
 - GET /metrics (with `--enable-metrics`): `sglang:prompt_tokens_total`, `sglang:cached_tokens_total`
   (labelled by `cache_source` in newer versions: summed) (docs/references/production_metrics.md). It has
   no `process_start_time_seconds` (SGLang serves a multi-process registry), so restarts are told by:
@@ -46,17 +59,20 @@ import httpx
 
 from warmer.adapters.engines.base import (
     EngineAdapter,
+    busiest_share,
     check_cached_within_prompt,
     count_field,
     fingerprint_digest,
     metric_sum,
     optional_seconds,
+    pool_capacity,
     reject_error_body,
 )
 from warmer.adapters.engines.http import EngineRejected, JsonObject
 from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.core.errors import EngineUnavailable, NotSupported
 from warmer.core.model import (
+    BoxCapacity,
     BoxSpec,
     CacheLayout,
     CompletionReport,
@@ -134,6 +150,7 @@ class SglangEngine(EngineAdapter[str]):
         super().__init__(client, timeouts=timeouts, retry=retry, watch=watch)
         self._layouts: dict[str, CacheLayout] = {}  # box id -> layout of the last /server_info read
         self._epochs: dict[str, str] = {}  # box id -> the last epoch read
+        self._pools: dict[str, int | None] = {}  # box id -> `max_total_num_tokens` of the last /server_info
 
     async def _server_info(self, box: BoxSpec) -> JsonObject:
         """/server_info, or the deprecated /get_server_info on servers that predate it."""
@@ -144,7 +161,22 @@ class SglangEngine(EngineAdapter[str]):
                 raise
             info = await self._http.get_json(box, "/get_server_info", time_limit=self._http.timeouts.health)
         self._layouts[box.id] = layout_from_server_info(info)
+        self._pools[box.id] = _positive_int(info.get("max_total_num_tokens"))
         return info
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """The KV token pool (from the /server_info the epoch poll last read: it is fixed per process) and
+        the share running requests hold now (`sglang:token_usage`, read fresh). See the module docstring."""
+        if box.id not in self._pools:
+            await self._server_info(box)
+        pool = self._pools[box.id]
+        if pool is None:
+            return BoxCapacity(source="sglang /server_info without max_total_num_tokens")
+        samples = await self._metrics_if_exposed(box)  # None when --enable-metrics is off
+        used = None if samples is None else busiest_share(samples, "sglang:token_usage")
+        return pool_capacity(
+            pool, used, "sglang /server_info max_total_num_tokens, /metrics sglang:token_usage"
+        )
 
     async def cache_layout(self, box: BoxSpec) -> CacheLayout:
         """From the /server_info the epoch poll last read (it changes only with the process), else fresh."""

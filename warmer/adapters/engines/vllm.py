@@ -17,6 +17,16 @@ Sources (vllm-project/vllm):
   `log_metrics_info("cache_config", ...)`). The block size is what a hit is counted in, and it varies by
   backend and hybrid model (hybrid models get a block large enough for their state page), so warm
   verification takes it from here.
+- Capacity: the same gauge's `num_gpu_blocks` label (CacheConfig's block count, set once the engine has
+  sized its cache; `--num-gpu-blocks-override` pins it) x `block_size` is the KV pool in tokens. The share
+  live requests hold is `vllm:kv_cache_usage_perc` (vllm/v1/metrics/loggers.py
+  @ a6f0308cfe806b7731ad4979c9bea6e470c35efd, one series per engine: with data parallelism each rank is an
+  engine with a pool of its own, so the figures are per rank and the busiest rank's share is taken), fed from
+  the scheduler's stats by `BlockPool.get_usage` (vllm/v1/core/block_pool.py
+  @ c59cb7941357443da7c5eef75cfa8697d683d228): `1 - free / (num_gpu_blocks - 1)`, where a freed block whose
+  hash is kept for prefix hits goes back on the free queue (`free_blocks`: `ref_cnt == 0` cached blocks are
+  appended to `free_block_queue`). Cached blocks no request holds count as free: the gauge is the running
+  requests' working set.
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from warmer.adapters.engines.base import (
+    busiest_share,
+    pool_capacity,
     process_start_time,
     string_field,
     token_list,
@@ -31,7 +43,7 @@ from warmer.adapters.engines.base import (
 )
 from warmer.adapters.engines.http import JsonObject
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
-from warmer.core.model import BoxSpec, CacheLayout, EngineKind, Prefix
+from warmer.core.model import BoxCapacity, BoxSpec, CacheLayout, EngineKind, Prefix
 from warmer.core.promtext import Sample
 
 
@@ -43,6 +55,22 @@ def layout_from_metrics(samples: Sequence[Sample]) -> CacheLayout:
             if value is not None and value.isdigit() and int(value) >= 1:
                 return CacheLayout(page_tokens=int(value), source="vllm /metrics vllm:cache_config_info")
     return CacheLayout(source="vllm /metrics (no cache_config_info block_size)")
+
+
+def capacity_from_metrics(samples: Sequence[Sample]) -> BoxCapacity:
+    """Pool = `num_gpu_blocks` x `block_size` of `vllm:cache_config_info`; used share =
+    `vllm:kv_cache_usage_perc` (see the module docstring). No pool when either label is absent or odd."""
+    source = "vllm /metrics vllm:cache_config_info num_gpu_blocks x block_size, vllm:kv_cache_usage_perc"
+    for sample in samples:
+        if sample.name == "vllm:cache_config_info":
+            blocks, size = sample.label("num_gpu_blocks"), sample.label("block_size")
+            if blocks is None or size is None or not blocks.isdigit() or not size.isdigit():
+                break
+            pool = int(blocks) * int(size)
+            if pool < 1:
+                break
+            return pool_capacity(pool, busiest_share(samples, "vllm:kv_cache_usage_perc"), source)
+    return BoxCapacity(source="vllm /metrics without cache_config_info num_gpu_blocks and block_size")
 
 
 class VllmEngine(OpenAICompatibleEngine):
@@ -67,6 +95,14 @@ class VllmEngine(OpenAICompatibleEngine):
             layout = CacheLayout() if samples is None else layout_from_metrics(samples)
             self._layouts[box.id] = layout
         return layout
+
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        """From one fresh /metrics read (the usage gauge moves with load), which also refreshes the layout."""
+        samples = await self._metrics_if_exposed(box)
+        if samples is None:
+            return BoxCapacity(source="vllm /metrics is off")
+        self._layouts[box.id] = layout_from_metrics(samples)
+        return capacity_from_metrics(samples)
 
     def _request_extras(self, box: BoxSpec) -> JsonObject:
         """On a box whose KV cache events are followed, warmer's own requests ask for "full" reports:
