@@ -2,17 +2,27 @@
 
 For each capacity setting and each policy, on FRESH llama-server boxes (testbed.fleet.LlamaFleet,
 `--parallel 2 -t 1`, `--cache-ram 0` tight or `--cache-ram 256` roomy), the same seeded schedule of calls
-(bench/fleet_plan.py: Poisson arrivals, Zipf popularity over 6 agents with ~3k-token prompts, 1-4 turns
-with pauses) is replayed while every box is restarted once, one at a time, half-way through. Policies:
+(bench/fleet_plan.py: Poisson arrivals, Zipf popularity over the shape's agents -- `default` 6, `crowded`
+12 -- with ~3k-token prompts, 1-4 turns with pauses) is replayed while every box is restarted once, one at
+a time, half-way through. Policies (bench/fleet_policies.py says how each picks a box):
 
-- round_robin, cache_aware: the real sglang-router (`python -m sglang_router.launch_router`);
+- round_robin, cache_aware: the real sglang-router (`python -m sglang_router.launch_router`), defaults;
+- cache_aware_tuned: the same cache_aware router with its balance thresholds set for 3 boxes x 2 slots;
 - precall_prewarm: before each call its agent's stable prefix, max_tokens 1, through the cache_aware
   router (what a naive pre-call hook does), then the call through the same router;
+- prefix_hash_prewarm: the same hook behind prefix-hash routing (a proxy's consistent hash of the
+  prompt's first 256 characters picks the box): the prefix, then the turns, to that box;
 - warmer: a real `warmer serve` on a generated config; each call asks `POST /v1/prewarm` (its call_id)
   and sends its turns to the answered `base_url`, in the answered llama-server `slot` (`id_slot`); the
   bench sends signed `rollout.started` / `rollout.finished` deploy events around each box restart and,
   like a deploy pipeline, restarts a box once warmer reports it drained (at most 30 s);
 - warmer_nowebhook: the same without the webhook (warmer finds the restarts itself).
+
+Before traffic every arm gets its warm: warmer its own first warm (the run waits until every agent is
+routed), every other arm one stable-prefix request per agent through its own routing. Each box's
+`llamacpp:prompt_tokens_total` is read before that phase, so "all prefill incl. pre-traffic" counts it for
+every arm; "from traffic start" is the older figure. `--runs N` repeats the whole set on fresh boxes with
+the policy order rotated and writes a small summary per run and setting (bench/fleet_runs.py).
 
 Turns stream from llama-server's `/v1/completions` (the prompt rendered by warmer's own offline renderer,
 so turn 1 is byte for byte what warmer's stable prefix starts): TTFT is the first chunk with non-empty
@@ -23,8 +33,10 @@ tools/server/server-task.cpp, `server_task_result_cmpl_final::to_json_oaicompat`
 few seconds, right before and after its restart, and at the end. The limit (turn 1 with its stable prefix
 cached) is measured in the same run on a separate idle box of the same setting.
 
-Run: python -m bench.fleet [--setting tight|roomy|both] [--model testbed|light] [--policies a,b]
-Results: a Markdown table on stdout, JSON under bench/results/ (not committed).
+Run: python -m bench.fleet [--shape default|crowded] [--setting tight|roomy|both] [--model testbed|light]
+[--policies a,b] [--runs N]
+Results: a Markdown table on stdout (median and range too with --runs > 1); per-turn JSON under
+bench/results/ (not committed); `fleet-summary-<shape>-<setting>-<UTC>.json` per run (committed).
 """
 
 from __future__ import annotations
@@ -50,15 +62,16 @@ from typing import Any
 import httpx
 
 from bench.fleet_figures import (
-    AskRecord,
     CallRecord,
     PolicyFigures,
     Scrape,
     TurnRecord,
     markdown_table,
     policy_figures,
+    pre_traffic_prefill,
 )
 from bench.fleet_plan import (
+    SHAPES,
     THEMES,
     AgentFiles,
     CallPlan,
@@ -68,8 +81,19 @@ from bench.fleet_plan import (
     make_schedule,
     write_agent_files,
 )
+from bench.fleet_policies import (
+    MAX_ATTEMPTS_PER_TURN,
+    ROUTER_ARMS,
+    Policy,
+    PrecallPolicy,
+    PrefixHashPolicy,
+    RouterPolicy,
+    TurnFailed,
+    WarmerPolicy,
+    stream_completion,
+)
+from bench.fleet_runs import git_commit, machine, rotated, summary_json, summary_table, write_summary
 from testbed.fleet import LlamaFleet, free_loopback_port, log_tail
-from testbed.tiny_model import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, UNK_ID, byte_token_id
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
@@ -81,7 +105,15 @@ from warmer.core.webhook import SIGNATURE_HEADER, sign_body
 REPO = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO / "models"
 PROFILE = "tiny-demo"
-POLICIES = ("round_robin", "cache_aware", "precall_prewarm", "warmer", "warmer_nowebhook")
+POLICIES = (
+    "round_robin",
+    "cache_aware",
+    "cache_aware_tuned",
+    "precall_prewarm",
+    "prefix_hash_prewarm",
+    "warmer",
+    "warmer_nowebhook",
+)
 SETTINGS = {"tight": 0, "roomy": 256}  # --cache-ram MiB per box
 # Prompts a roomy box holds, as its operator would configure it: 256 MiB of host prompt cache keeps ~10
 # prompts of ~3,000 tokens of the testbed model (8 KiB of f16 KV per token; the light model: 1 KiB), so
@@ -91,31 +123,13 @@ LIGHT_MODEL = {"layers": 2, "width": 128}
 SLOTS = 2
 CTX_PER_SLOT = 4096
 WEBHOOK_SECRET = "fleet-bench-webhook-secret"
-ROUTER_MODEL = "tiny"  # the router's OpenAI request type needs `model`; llama-server ignores it
 SCRAPE_SECONDS = 2.0
 BOX_POLL_SECONDS = 1.0
-TURN_TIMEOUT_SECONDS = 180.0
-MAX_ATTEMPTS_PER_TURN = 8
-RETRY_PAUSE_SECONDS = 0.5
-PREWARM_RETRY_LIMIT_SECONDS = 30.0
 START_TIMEOUT_SECONDS = 120.0
 
 
 def _say(message: str) -> None:
     print(f"fleet-bench: {message}", file=sys.stderr, flush=True)
-
-
-def ascii_logit_bias() -> dict[str, float]:
-    """Ban, for the generated byte-vocabulary model, every token that is not printable ASCII or newline
-    (and the control/end tokens): replies are then plain text of a fixed length, so later turns append
-    exactly what was generated and every turn decodes `max_tokens` tokens. llama-server accepts the
-    OpenAI object form {"<token id>": bias} (tools/server/README.md, `logit_bias`)."""
-    banned = [UNK_ID, BOS_ID, EOS_ID, IM_START_ID, IM_END_ID]
-    banned += [byte_token_id(b) for b in range(256) if not (32 <= b < 127 or b == 10)]
-    return {str(token): -100.0 for token in banned}
-
-
-LOGIT_BIAS = ascii_logit_bias()
 
 
 # -- agents -----------------------------------------------------------------------------------------------
@@ -164,185 +178,6 @@ def turn_prompt(agents: Agents, call: CallPlan, history: Sequence[tuple[str, str
     return agents.render(messages, request.tools)
 
 
-# -- one streamed turn ----------------------------------------------------------------------------------
-
-
-class TurnFailed(Exception):
-    """A box or router did not answer the turn (connection error, 5xx, broken or incomplete stream)."""
-
-
-@dataclass
-class Streamed:
-    ttft_s: float | None
-    text: str
-    prompt_tokens: int
-    cached_tokens: int
-    processed_tokens: int
-
-
-async def stream_completion(
-    client: httpx.AsyncClient, base_url: str, prompt: str, max_tokens: int, slot: int | None = None
-) -> Streamed:
-    """POST /v1/completions with stream=true; TTFT at the first chunk with non-empty text. `slot`: the
-    llama-server slot to run in (`id_slot`), as warmer's pre-call answer names it."""
-    body: dict[str, Any] = {
-        "model": ROUTER_MODEL,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "logit_bias": LOGIT_BIAS,
-    }
-    if slot is not None:
-        body["id_slot"] = slot
-    started = time.perf_counter()
-    ttft: float | None = None
-    parts: list[str] = []
-    usage: dict[str, Any] | None = None
-    timings: dict[str, Any] | None = None
-    try:
-        async with client.stream(
-            "POST", f"{base_url}/v1/completions", json=body, timeout=TURN_TIMEOUT_SECONDS
-        ) as response:
-            if response.status_code != 200:
-                detail = (await response.aread())[:300].decode(errors="replace")
-                raise TurnFailed(f"HTTP {response.status_code}: {detail}")
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise TurnFailed(f"error chunk: {str(chunk['error'])[:300]}")
-                choices = chunk.get("choices") or []
-                text = choices[0].get("text") if choices else None
-                if text:
-                    if ttft is None:
-                        ttft = time.perf_counter() - started
-                    parts.append(text)
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                if chunk.get("timings"):
-                    timings = chunk["timings"]
-    except (httpx.TransportError, json.JSONDecodeError) as exc:
-        raise TurnFailed(f"{type(exc).__name__}: {exc}") from exc
-    if usage is None or timings is None:
-        raise TurnFailed("the stream ended without usage and timings")
-    details = usage.get("prompt_tokens_details") or {}
-    cached = int(details.get("cached_tokens", timings.get("cache_n", 0)))
-    return Streamed(
-        ttft_s=ttft,
-        text="".join(parts),
-        prompt_tokens=int(usage["prompt_tokens"]),
-        cached_tokens=cached,
-        processed_tokens=int(timings["prompt_n"]),
-    )
-
-
-# -- policies -------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    base_url: str
-    box_id: str | None
-    answer: AskRecord | None = None
-    slot: int | None = None  # warmer's answer: the llama-server slot holding the agent's prefix
-
-
-class Policy:
-    """Where a call's turns go; `retarget` after a failed attempt."""
-
-    name = ""
-
-    async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
-        raise NotImplementedError
-
-    async def retarget(
-        self, call: CallPlan, record: CallRecord, clock: Callable[[], float], failed: Target
-    ) -> Target:
-        return await self.start_call(call, record, clock)
-
-
-class RouterPolicy(Policy):
-    def __init__(self, name: str, router_url: str) -> None:
-        self.name = name
-        self.router_url = router_url
-
-    async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
-        return Target(self.router_url, None)
-
-    async def retarget(
-        self, call: CallPlan, record: CallRecord, clock: Callable[[], float], failed: Target
-    ) -> Target:
-        await asyncio.sleep(RETRY_PAUSE_SECONDS)
-        return Target(self.router_url, None)
-
-
-class PrecallPolicy(RouterPolicy):
-    """Naive per-call pre-warm: the agent's stable prefix, max_tokens 1, through the router, then the call."""
-
-    def __init__(self, router_url: str, client: httpx.AsyncClient, agents: Agents) -> None:
-        super().__init__("precall_prewarm", router_url)
-        self.client = client
-        self.agents = agents
-
-    async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
-        prefix = self.agents.stable[call.agent].text
-        for _ in range(MAX_ATTEMPTS_PER_TURN):
-            try:
-                await stream_completion(self.client, self.router_url, prefix, 1)
-                break
-            except TurnFailed:
-                record.failures += 1
-                await asyncio.sleep(RETRY_PAUSE_SECONDS)
-        return Target(self.router_url, None)
-
-
-class WarmerPolicy(Policy):
-    """`POST /v1/prewarm` with the call's id; the answer's base_url serves the call."""
-
-    def __init__(self, name: str, api: str, client: httpx.AsyncClient, wait_ms: int) -> None:
-        self.name = name
-        self.api = api
-        self.client = client
-        self.wait_ms = wait_ms
-
-    async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
-        deadline = time.monotonic() + PREWARM_RETRY_LIMIT_SECONDS
-        while True:
-            at = clock()
-            body = {"agent": call.agent, "call_id": call.call_id, "wait_ms": self.wait_ms}
-            try:
-                response = await self.client.post(f"{self.api}/v1/prewarm", json=body, timeout=60.0)
-                status, data = response.status_code, response.json()
-            except (httpx.TransportError, ValueError) as exc:
-                status, data = 0, {"reason": f"{type(exc).__name__}: {exc}"}
-            ask = AskRecord(
-                at_s=at, status=status, detail=str(data.get("reason") or data.get("detail") or "")
-            )
-            if status == 200:
-                ask.box_id = data.get("box_id")
-                ask.state = data.get("state")
-                ask.ready = data.get("ready")
-                ask.waited_ms = data.get("waited_ms")
-                record.asks.append(ask)
-                slot = data.get("slot")
-                return Target(
-                    str(data["base_url"]).rstrip("/"),
-                    ask.box_id,
-                    ask,
-                    slot if isinstance(slot, int) else None,
-                )
-            record.asks.append(ask)
-            record.failures += 1
-            if time.monotonic() > deadline:
-                raise TurnFailed(f"prewarm kept answering {status}: {ask.detail[:200]}")
-            await asyncio.sleep(1.0)
-
-
 # -- processes ------------------------------------------------------------------------------------------
 
 
@@ -361,8 +196,11 @@ class Process:
                 self.proc.wait()
 
 
-def start_router(policy: str, worker_urls: Sequence[str], log: Path) -> tuple[Process, str]:
-    """The real sglang-router with the boxes as workers, answering /workers before it is returned."""
+def start_router(
+    policy: str, worker_urls: Sequence[str], log: Path, options: Sequence[str] = ()
+) -> tuple[Process, str]:
+    """The real sglang-router with the boxes as workers, answering /workers before it is returned;
+    `options`: more launch_router flags (the tuned cache_aware arm's)."""
     port, metrics_port = free_loopback_port(), free_loopback_port()
     command = [
         sys.executable, "-m", "sglang_router.launch_router",
@@ -372,6 +210,7 @@ def start_router(policy: str, worker_urls: Sequence[str], log: Path) -> tuple[Pr
         "--health-check-interval-secs", "1",
         "--log-level", "warn",
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        *options,
     ]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -739,6 +578,64 @@ async def rolling_restart(
     return log
 
 
+async def read_processed(client: httpx.AsyncClient, fleet: LlamaFleet) -> dict[str, float]:
+    """Each answering box's `llamacpp:prompt_tokens_total` now."""
+    readings = await asyncio.gather(*(scrape_box(client, box.base_url) for box in fleet.boxes))
+    return {box.id: r[0] for box, r in zip(fleet.boxes, readings, strict=True) if r is not None}
+
+
+async def start_arm(
+    policy_name: str,
+    config: RunConfig,
+    agents: Agents,
+    fleet: LlamaFleet,
+    client: httpx.AsyncClient,
+    workdir: Path,
+    processes: list[Process],
+) -> tuple[Policy, str, dict[str, Any]]:
+    """The arm's router or warmer started and its pre-traffic warm done: (policy, warmer's API or "",
+    what the pre-traffic phase did). Every arm gets one: warmer its own first warm (the run waits until
+    it routes every agent), the others one stable-prefix request per agent through their own routing."""
+    boxes = [(box.id, box.base_url) for box in fleet.boxes]
+    prefixes = {a: s.text for a, s in agents.stable.items()}
+    started = time.monotonic()
+    policy: Policy
+    if policy_name in ROUTER_ARMS:
+        router_policy, options = ROUTER_ARMS[policy_name]
+        router, url = await asyncio.to_thread(
+            start_router, router_policy, [u for _, u in boxes], workdir / "router.log", options
+        )
+        processes.append(router)
+        policy = (
+            PrecallPolicy(url, client, prefixes)
+            if policy_name == "precall_prewarm"
+            else RouterPolicy(policy_name, url, client)
+        )
+    elif policy_name == "prefix_hash_prewarm":
+        policy = PrefixHashPolicy(client, boxes, prefixes)
+    else:
+        port = free_loopback_port()
+        cfg = warmer_config(
+            workdir,
+            agents.directory,
+            boxes,
+            port,
+            policy_name == "warmer",
+            PREFIX_CAPACITY[config.setting],
+        )
+        daemon = start_warmer(cfg, workdir / "warmer.log")
+        processes.append(daemon)
+        api = f"http://127.0.0.1:{port}"
+        seconds, warmed = await wait_for_routes(client, api, agents.order, daemon, config.warm_timeout_s)
+        _say(f"{policy_name}: warmer routed every agent: {warmed} after {seconds:.1f} s")
+        pre_traffic = {"warm_seconds": round(seconds, 2), "all_agents_routed": warmed}
+        return WarmerPolicy(policy_name, api, client, config.prewarm_wait_ms), api, pre_traffic
+    done = await policy.warm_up(agents.order, prefixes)
+    seconds = time.monotonic() - started
+    _say(f"{policy_name}: one warm request per agent before traffic, {seconds:.1f} s")
+    return policy, "", {"warm_seconds": round(seconds, 2), **done}
+
+
 async def run_policy(
     policy_name: str, config: RunConfig, agents: Agents, calls: Sequence[CallPlan]
 ) -> PolicyRun:
@@ -759,44 +656,19 @@ async def run_policy(
     async with httpx.AsyncClient(limits=limits) as client:
         try:
             await asyncio.to_thread(fleet.start)
-            boxes = [(box.id, box.base_url) for box in fleet.boxes]
-            pre_traffic: dict[str, Any] = {}
-            api = ""
-            policy: Policy
-            if policy_name in ("round_robin", "cache_aware", "precall_prewarm"):
-                router_policy = "round_robin" if policy_name == "round_robin" else "cache_aware"
-                router, url = await asyncio.to_thread(
-                    start_router, router_policy, [u for _, u in boxes], workdir / "router.log"
-                )
-                processes.append(router)
-                policy = (
-                    PrecallPolicy(url, client, agents)
-                    if policy_name == "precall_prewarm"
-                    else RouterPolicy(policy_name, url)
-                )
-            else:
-                port = free_loopback_port()
-                webhook = policy_name == "warmer"
-                cfg = warmer_config(
-                    workdir, agents.directory, boxes, port, webhook, PREFIX_CAPACITY[config.setting]
-                )
-                daemon = start_warmer(cfg, workdir / "warmer.log")
-                processes.append(daemon)
-                api = f"http://127.0.0.1:{port}"
-                seconds, warmed = await wait_for_routes(
-                    client, api, agents.order, daemon, config.warm_timeout_s
-                )
-                pre_traffic = {"warm_seconds": round(seconds, 2), "all_agents_routed": warmed}
-                _say(f"{policy_name}: warmer routed every agent: {warmed} after {seconds:.1f} s")
-                policy = WarmerPolicy(policy_name, api, client, config.prewarm_wait_ms)
+            before = await read_processed(client, fleet)  # before any warm request of any arm
+            policy, api, pre_traffic = await start_arm(
+                policy_name, config, agents, fleet, client, workdir, processes
+            )
             started = time.monotonic()
 
             def clock() -> float:
                 return time.monotonic() - started
 
             observer = Observer(client, fleet, clock)
-            await observer.scrape_all()  # the baseline: anything before traffic is not counted
-            pre_traffic["prefill_tokens"] = sum(s.processed for s in observer.scrapes)
+            await observer.scrape_all()  # traffic's baseline; what came before is counted apart, here
+            at_start = {s.box_id: s.processed for s in observer.scrapes}
+            pre_traffic["prefill_tokens"] = pre_traffic_prefill(before, at_start)
             stop = asyncio.Event()
             background = [asyncio.create_task(observer.scrape_loop(stop))]
             if api:
@@ -919,6 +791,7 @@ def figures_of(run: PolicyRun, setting: str, limit: float | None) -> PolicyFigur
         limit,
         run.warmup_windows,
         rollout_span(run.restarts, run.warmup_windows),
+        run.pre_traffic.get("prefill_tokens"),
     )
     figures.extra = {"pre_traffic": run.pre_traffic, "traffic_seconds": round(run.traffic_seconds, 1)}
     return figures
@@ -977,7 +850,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--boxes", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="llama-server -t per box")
-    parser.add_argument("--agents", type=int, default=len(THEMES))
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="default",
+        help="agents on the same boxes: default 6 (all fit the slots), crowded 12 (twice the slots)",
+    )
+    parser.add_argument("--agents", type=int, default=None, help="override the shape's agent count")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="the whole set N times, fresh boxes, policy order rotated"
+    )
     parser.add_argument("--prompt-tokens", type=int, default=3000, help="turn-1 prompt size per agent")
     parser.add_argument("--calls", type=int, default=110)
     parser.add_argument("--window", type=float, default=200.0, help="seconds over which calls arrive")
@@ -996,13 +878,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="keep box, router and warmer logs here (default: a temp dir)",
     )
     args = parser.parse_args(argv)
+    if args.agents is None:
+        args.agents = SHAPES[args.shape]
+    elif args.agents != SHAPES[args.shape]:
+        args.shape = f"{args.agents}-agents"  # the summaries must not call it a named shape
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in args.policy_list if p not in POLICIES]
     if unknown or not args.policy_list:
         parser.error(
             f"--policies: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(POLICIES)}"
         )
-    for name in ("boxes", "threads", "agents", "calls", "reply_tokens", "prompt_tokens"):
+    for name in ("boxes", "threads", "agents", "runs", "calls", "reply_tokens", "prompt_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.agents > len(THEMES):
@@ -1042,6 +928,9 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
     calls = make_schedule(schedule_spec, agents.order)
     meta = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "shape": args.shape,
+        "agents": len(agents.order),
+        "runs": args.runs,
         "model": args.model,
         "model_file": model.name,
         "boxes": args.boxes,
@@ -1061,31 +950,58 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
         "machine": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()},
     }
     settings = ["tight", "roomy"] if args.setting == "both" else [args.setting]
-    results: dict[str, dict[str, Any]] = {}
-    tables = []
-    for setting in settings:
-        config = RunConfig(
-            setting=setting,
-            model=model,
-            binary=binary,
-            boxes=args.boxes,
-            threads=args.threads,
-            schedule=schedule_spec,
-            reply_tokens=args.reply_tokens,
-            restart_gap_s=args.restart_gap,
-            prewarm_wait_ms=args.prewarm_wait_ms,
-            warm_timeout_s=args.warm_timeout,
-            workdir=workdir / setting,
-            restart=not args.no_restart,
-        )
-        calibration, figures, runs = await bench_setting(setting, config, agents, calls, args.policy_list)
-        results[setting] = {
-            "cache_ram_mib": SETTINGS[setting],
-            "calibration": calibration,
-            "figures": [f.as_json() for f in figures],
-            "runs": [run_json(r) for r in runs],
-        }
-        tables.append(setting_heading(setting, args.model, calibration) + "\n\n" + markdown_table(figures))
+    results: dict[str, dict[str, Any]] = {s: {"cache_ram_mib": SETTINGS[s], "repeats": []} for s in settings}
+    git = git_commit()
+    summary_meta = {k: meta[k] for k in ("shape", "model", "boxes", "slots", "calls", "turns", "schedule")}
+    summary_meta["agents"] = len(agents.order)
+    tables: list[str] = []
+    summaries: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
+    for repeat in range(args.runs):
+        order = rotated(args.policy_list, repeat)
+        for setting in settings:
+            config = RunConfig(
+                setting=setting,
+                model=model,
+                binary=binary,
+                boxes=args.boxes,
+                threads=args.threads,
+                schedule=schedule_spec,
+                reply_tokens=args.reply_tokens,
+                restart_gap_s=args.restart_gap,
+                prewarm_wait_ms=args.prewarm_wait_ms,
+                warm_timeout_s=args.warm_timeout,
+                workdir=workdir / f"run-{repeat}" / setting,
+                restart=not args.no_restart,
+            )
+            run_meta = {
+                "setting": setting,
+                "cache_ram_mib": SETTINGS[setting],
+                "index": repeat,
+                "runs": args.runs,
+                "policy_order": order,
+                "git": git,
+                "machine": machine(),
+                "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            _say(f"run {repeat + 1}/{args.runs}, {setting}: {', '.join(order)}")
+            calibration, figures, runs = await bench_setting(setting, config, agents, calls, order)
+            summary = summary_json(summary_meta, run_meta, calibration, figures)
+            summaries[setting].append(summary)
+            path = write_summary(args.results_dir, summary)
+            _say(f"run {repeat + 1}/{args.runs}, {setting}: summary {path}")
+            results[setting]["repeats"].append(
+                {
+                    **run_meta,
+                    "summary_path": str(path),
+                    "calibration": calibration,
+                    "figures": [f.as_json() for f in figures],
+                    "runs": [run_json(r) for r in runs],
+                }
+            )
+            heading = setting_heading(setting, args.model, calibration)
+            tables.append(f"{heading}, run {repeat + 1} of {args.runs}\n\n{markdown_table(figures)}")
+    if args.runs > 1:
+        tables += [summary_table(summaries[s]) for s in settings]
     return BenchResult(meta, results, "\n\n".join(tables))
 
 

@@ -177,6 +177,23 @@ def warm_split(
     return inside, outside
 
 
+def pre_traffic_prefill(before: Mapping[str, float], at_start: Mapping[str, float]) -> float:
+    """Uncached prompt tokens the boxes processed in the pre-traffic phase: per box, its counter at
+    traffic start minus its counter before the phase (a box missing a reading adds nothing: no
+    process epoch change can happen before traffic, so a drop means a box that did not answer)."""
+    return sum(max(0.0, at_start[box] - value) for box, value in before.items() if box in at_start)
+
+
+def later_turns(calls: Sequence[CallRecord]) -> list[TurnRecord]:
+    """Served turns 2 and later: a call's own growing prompt, reusable only on the box of its last turn."""
+    return [t for c in calls for t in c.turns if t.turn >= 2]
+
+
+def cached_share_mean(turns: Sequence[TurnRecord]) -> float | None:
+    """Mean of each turn's cached ÷ prompt tokens."""
+    return mean([t.cached_tokens / t.prompt_tokens for t in turns if t.prompt_tokens > 0])
+
+
 @dataclass
 class PolicyFigures:
     policy: str
@@ -188,12 +205,17 @@ class PolicyFigures:
     calls_after_restart: int
     prefix_cached_mean: float | None
     prefix_cached_mean_ready: float | None
+    later_turns: int
+    later_hit90: float | None  # turns >= 2 with >= 90% of their prompt cached, over served such turns
+    later_cached_mean: float | None  # turns >= 2: cached ÷ prompt, mean
     ttft_p50_s: float | None
     ttft_p90_s: float | None
     limit_s: float | None
     p50_over_limit: float | None
     p90_over_limit: float | None
-    engine_prefill_tokens: float
+    engine_prefill_tokens: float  # from traffic start: the pre-traffic phase apart
+    pre_traffic_prefill_tokens: float | None  # each arm's warm before traffic (warmer's first warm)
+    engine_prefill_with_pre_traffic: float | None
     calls_prefill_tokens: float
     warm_prefill_tokens: float
     warm_share: float | None
@@ -225,9 +247,11 @@ def policy_figures(
     limit_s: float | None,
     warmup_windows: Mapping[str, Sequence[tuple[float, float]]] | None = None,
     rollout: tuple[float, float] | None = None,
+    pre_traffic_tokens: float | None = None,
 ) -> PolicyFigures:
     """Every figure of one policy's run, from its records alone. `rollout`: (first restart, every agent
-    routed again after the last), counted as one restart warm-up on every box."""
+    routed again after the last), counted as one restart warm-up on every box. `pre_traffic_tokens`:
+    what the boxes prefilled before traffic (`pre_traffic_prefill`), added to the all-prefill figure."""
     served = [c for c in calls if c.turn1 is not None]
     window = None if restart_at_s is None else (restart_at_s, restart_at_s + AFTER_RESTART_S)
     ttfts = [c.turn1.ttft_s for c in served if c.turn1 is not None and c.turn1.ttft_s is not None]
@@ -252,6 +276,7 @@ def policy_figures(
         rollout_split = warm_split(scrapes, calls, widened)
     honest, ready_count = honesty(calls)
     setups = [c.setup_s for c in calls if c.setup_s is not None]
+    later = later_turns(calls)
     return PolicyFigures(
         policy=policy,
         setting=setting,
@@ -264,12 +289,19 @@ def policy_figures(
         else sum(1 for c in calls if window[0] <= c.scheduled_s < window[1]),
         prefix_cached_mean=mean(ratios),
         prefix_cached_mean_ready=mean(ready_ratios) if ready_count else None,
+        later_turns=len(later),
+        later_hit90=sum(1 for t in later if is_hit90(t)) / len(later) if later else None,
+        later_cached_mean=cached_share_mean(later),
         ttft_p50_s=p50,
         ttft_p90_s=p90,
         limit_s=limit_s,
         p50_over_limit=None if p50 is None or not limit_s else p50 / limit_s,
         p90_over_limit=None if p90 is None or not limit_s else p90 / limit_s,
         engine_prefill_tokens=engine_total,
+        pre_traffic_prefill_tokens=pre_traffic_tokens,
+        engine_prefill_with_pre_traffic=None
+        if pre_traffic_tokens is None
+        else engine_total + pre_traffic_tokens,
         calls_prefill_tokens=own,
         warm_prefill_tokens=warm,
         warm_share=warm / engine_total if engine_total > 0 else None,
@@ -294,7 +326,7 @@ def policy_figures(
 # -- the table ------------------------------------------------------------------------------------------
 
 
-def _fmt(value: float | None, kind: str) -> str:
+def fmt_value(value: float | None, kind: str) -> str:
     if value is None:
         return "–"
     if kind == "share":
@@ -313,13 +345,17 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("turn-1 hit90 share, minute after the restart began", "hit90_after_restart", "share"),
     ("turn-1 cached ÷ stable prefix (mean)", "prefix_cached_mean", "share"),
     ("turn-1 cached ÷ stable prefix, answers that said ready", "prefix_cached_mean_ready", "share"),
+    ("turns ≥ 2 hit90 share", "later_hit90", "share"),
+    ("turns ≥ 2 cached ÷ prompt (mean)", "later_cached_mean", "share"),
     ("turn-1 TTFT p50 ÷ limit", "p50_over_limit", "x"),
     ("turn-1 TTFT p90 ÷ limit", "p90_over_limit", "x"),
     ("turn-1 TTFT p50", "ttft_p50_s", "s"),
     ("warm traffic share of all prefill", "warm_share", "share"),
     ("warm share outside restart warm-ups", "warm_share_outside_restart_warmups", "share"),
     ("warm share outside the rolling restart", "warm_share_outside_rollout", "share"),
-    ("all prefill (uncached tokens, engines)", "engine_prefill_tokens", "tokens"),
+    ("all prefill incl. pre-traffic (uncached tokens, engines)", "engine_prefill_with_pre_traffic", "tokens"),
+    ("all prefill from traffic start (uncached tokens, engines)", "engine_prefill_tokens", "tokens"),
+    ("pre-traffic prefill (each arm's warm before calls)", "pre_traffic_prefill_tokens", "tokens"),
     ("warm prefill (engines minus calls)", "warm_prefill_tokens", "tokens"),
     ("ready answers true (≥ 99% of prefix cached)", "honesty", "share"),
     ("pre-call setup p50", "setup_p50_s", "s"),
@@ -331,11 +367,11 @@ def markdown_table(figures: Sequence[PolicyFigures]) -> str:
     header = "| figure | " + " | ".join(f"{f.policy}" for f in figures) + " |"
     lines = [header, "|---|" + "---|" * len(figures)]
     for label, attr, kind in ROWS:
-        lines.append(f"| {label} | " + " | ".join(_fmt(getattr(f, attr), kind) for f in figures) + " |")
+        lines.append(f"| {label} | " + " | ".join(fmt_value(getattr(f, attr), kind) for f in figures) + " |")
     lines.append("| ready answers | " + " | ".join(str(f.ready_answers) for f in figures) + " |")
     warm_times = [f.extra.get("pre_traffic", {}).get("warm_seconds") for f in figures]
     lines.append(
-        "| daemon's first warm before traffic | "
+        "| pre-traffic warm time | "
         + " | ".join("–" if w is None else f"{w:.1f} s" for w in warm_times)
         + " |"
     )

@@ -88,7 +88,65 @@ THEMES: tuple[AgentTheme, ...] = (
         ("question", "rating", "route", "lounge", "voucher"),
         (("save_answer", "Save one answer."), ("send_voucher", "Send the thank-you voucher.")),
     ),
+    # the crowded shape's six more: 12 agents on 3 boxes x 2 slots, as the field reports' fleets run
+    AgentTheme(
+        "claims",
+        "Humongous Insurance",
+        "a careful claims intake agent",
+        "take the first notice of the caller's car or home insurance claim",
+        ("claim type", "excess", "repair shop", "courtesy car", "incident report"),
+        (("open_claim", "Open a claim."), ("book_assessor", "Book an assessor visit.")),
+    ),
+    AgentTheme(
+        "delivery-rebooking",
+        "Proseware Parcels",
+        "a quick delivery rebooking agent",
+        "move a missed parcel delivery to a time that suits the caller",
+        ("parcel", "delivery window", "safe place", "pickup point", "signature option"),
+        (("rebook_delivery", "Rebook a delivery."), ("set_safe_place", "Set a safe place.")),
+    ),
+    AgentTheme(
+        "fraud-alert",
+        "Woodgrove Bank",
+        "a calm card security agent",
+        "confirm or deny a flagged card payment with the card holder",
+        ("flagged payment", "card freeze", "replacement card", "merchant", "travel notice"),
+        (("confirm_payment", "Confirm a flagged payment."), ("freeze_card", "Freeze the card.")),
+    ),
+    AgentTheme(
+        "flight-rebooking",
+        "Blue Yonder Airlines",
+        "a helpful flight disruption agent",
+        "rebook the caller onto another flight after a cancellation",
+        ("flight", "seat", "fare class", "meal voucher", "hotel night"),
+        (
+            ("find_flights", "Find other flights."),
+            ("rebook_flight", "Rebook."),
+            ("issue_voucher", "Voucher."),
+        ),
+    ),
+    AgentTheme(
+        "admissions",
+        "Graphic Design Institute",
+        "a friendly admissions adviser",
+        "follow up on the caller's course enquiry and book an open day",
+        ("course", "intake", "open day", "bursary", "campus tour"),
+        (("book_open_day", "Book an open day."), ("send_prospectus", "Send the prospectus.")),
+    ),
+    AgentTheme(
+        "wine-club",
+        "Coho Winery",
+        "a knowledgeable wine club host",
+        "renew the caller's wine club membership and pick the next case",
+        ("case", "vintage", "tasting", "membership tier", "shipping day"),
+        (("pick_case", "Pick the next case."), ("renew_membership", "Renew the membership.")),
+    ),
 )
+
+# Named agent counts, so a figure says which fleet it is from: `default` is 6 agents on 3 boxes x 2
+# slots (every prompt can be resident at once); `crowded` is 12 (twice what the slots hold: routing
+# alone cannot keep every agent warm, which is the seeds' field shape).
+SHAPES: dict[str, int] = {"default": 6, "crowded": 12}
 
 _ADJECTIVES = ("basic", "standard", "plus", "premium", "flex", "saver", "classic", "express", "prime")
 _CLAUSES = (
@@ -273,7 +331,8 @@ class CallPlan:
 @dataclass(frozen=True)
 class ScheduleSpec:
     """The traffic knobs. `arrival_window_s`: calls start within [0, window]; `zipf_s`: popularity
-    exponent over agents in the given order (s = 1 over 6 agents gives the first ~41% of calls)."""
+    exponent over agents in the given order (s = 1 gives the first ~41% of calls over 6 agents, ~32% over
+    12)."""
 
     calls: int = 110
     arrival_window_s: float = 200.0

@@ -39,7 +39,10 @@ def test_fleet_bench_records_engine_numbers_for_routers_and_warmer(
     assert "cache_aware" in saved["table"]
     assert "warmer" in saved["table"]
 
-    tight = result.settings["tight"]
+    tight = result.settings["tight"]["repeats"][0]
+    assert tight["policy_order"] == ["cache_aware", "warmer"]
+    summary = json.loads(Path(tight["summary_path"]).read_text())
+    assert [f["policy"] for f in summary["figures"]] == ["cache_aware", "warmer"]
     assert tight["calibration"]["limit_s"] > 0
     # the limit is turn 1 with the stable prefix cached: the engine said so for every sample
     assert tight["calibration"]["warm_min_prefix_cached_ratio"] >= 0.99
@@ -76,6 +79,11 @@ def test_fleet_bench_records_engine_numbers_for_routers_and_warmer(
             epochs = {s["epoch"] for s in run["scrapes"] if s["box_id"] == box}
             assert epochs == {0, 1}, (policy, box, epochs)
         assert figures["engine_prefill_tokens"] >= figures["calls_prefill_tokens"] > 0
+        # every arm warmed each agent before traffic, and that is counted apart and in the total
+        assert figures["pre_traffic_prefill_tokens"] > 0, policy
+        assert figures["engine_prefill_with_pre_traffic"] == pytest.approx(
+            figures["engine_prefill_tokens"] + figures["pre_traffic_prefill_tokens"]
+        )
         if policy == "cache_aware":
             # a router sends nothing but the calls: what the engines prefilled beyond the calls' own
             # turns can only come from attempts that failed (at most one prompt each)

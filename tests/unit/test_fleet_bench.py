@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from bench.fleet import (
-    LOGIT_BIAS,
     Agents,
     build_agents,
     prompt_counters,
@@ -30,6 +29,7 @@ from bench.fleet_figures import (
     warm_split,
 )
 from bench.fleet_plan import (
+    SHAPES,
     THEMES,
     ScheduleSpec,
     agent_files,
@@ -38,10 +38,12 @@ from bench.fleet_plan import (
     make_schedule,
     zipf_weights,
 )
+from bench.fleet_policies import LOGIT_BIAS, hash_key
 from testbed.tiny_model import EOS_ID, IM_END_ID, byte_token_id
 from warmer.config.agents import load_agent_specs
 
-AGENTS = [theme.agent_id for theme in THEMES]
+AGENTS = [theme.agent_id for theme in THEMES[: SHAPES["default"]]]
+CROWDED = [theme.agent_id for theme in THEMES[: SHAPES["crowded"]]]
 
 
 # -- schedule -------------------------------------------------------------------------------------------
@@ -108,17 +110,21 @@ def test_grow_agent_adds_reference_until_the_counter_reaches_the_target() -> Non
 
 @pytest.fixture(scope="module")
 def agents(tmp_path_factory: pytest.TempPathFactory) -> Agents:
-    return build_agents(tmp_path_factory.mktemp("agents"), 3000, 1, len(THEMES))
+    return build_agents(tmp_path_factory.mktemp("agents"), 3000, 1, SHAPES["crowded"])
 
 
 def test_generated_agents_load_through_warmer_and_keep_the_tail_last(agents: Agents, tmp_path: Path) -> None:
     loaded = load_agent_specs(agents.directory)
-    assert sorted(loaded) == sorted(AGENTS)
+    assert sorted(loaded) == sorted(CROWDED)
+    assert agents.order == CROWDED  # popularity rank: the default shape's six first, then the crowded six
     for agent_id, stable in agents.stable.items():
         assert loaded[agent_id].tools, "each agent has its tools file"
         assert 3000 <= stable.turn1_prompt_tokens < 3300
         assert stable.stable_share > 0.9  # every per-call value sits in the dynamic tail, rendered last
-    assert len({s.hash for s in agents.stable.values()}) == len(AGENTS)
+    # twelve distinct prompts: distinct stable prefixes, and distinct even in the first 256 characters a
+    # prefix-hash proxy sees (else two agents would share one box by construction, not by the hash)
+    assert len({s.hash for s in agents.stable.values()}) == len(CROWDED) == 12
+    assert len({hash_key(s.text) for s in agents.stable.values()}) == 12
 
 
 def test_turn_prompts_start_with_the_stable_prefix_and_extend_the_previous_turn(agents: Agents) -> None:
@@ -296,4 +302,4 @@ def test_policy_figures_and_table_from_records() -> None:
     assert "warmer" in header
     assert "round_robin" in header
     assert "| turn-1 hit90 share (whole run) | 0.67 | 0.67 |" in table
-    assert "| daemon's first warm before traffic | 9.2 s | – |" in table
+    assert "| pre-traffic warm time | 9.2 s | – |" in table
