@@ -28,6 +28,14 @@ from typing import Any
 
 from bench.fleet_figures import ROWS, PolicyFigures, fmt_value
 
+# beside the per-run table's figures: how much got served, and how long each arm's pre-traffic warm took
+MORE_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("calls served", "calls_served", "count"),
+    ("failed attempts", "failures", "count"),
+    ("turns ≥ 2 served", "later_turns", "count"),
+    ("pre-traffic warm time (s)", "pre_traffic_warm_s", "count"),
+)
+SUMMARY_ROWS = ROWS + MORE_ROWS
 SUMMARY_KIND = "fleet-summary"
 SUMMARY_VERSION = 1
 REPO = Path(__file__).resolve().parent.parent
@@ -107,6 +115,12 @@ def _key(summary: Mapping[str, Any]) -> tuple[str, str, str]:
     return (summary["meta"]["shape"], summary["run"]["setting"], summary["meta"]["model"])
 
 
+def _figure(figures: Mapping[str, Any], attr: str) -> Any:
+    if attr == "pre_traffic_warm_s":
+        return ((figures.get("extra") or {}).get("pre_traffic") or {}).get("warm_seconds")
+    return figures.get(attr)
+
+
 def spread(values: Sequence[float]) -> tuple[float, float, float] | None:
     """(median, min, max), None for no values."""
     if not values:
@@ -128,12 +142,12 @@ def aggregate(
     for summary in summaries:
         for figures in summary["figures"]:
             per_figure = values.setdefault(figures["policy"], {})
-            for _, attr, _ in ROWS:
-                value = figures.get(attr)
+            for _, attr, _ in SUMMARY_ROWS:
+                value = _figure(figures, attr)
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     per_figure.setdefault(attr, []).append(float(value))
     return {
-        policy: {attr: spread(per_figure.get(attr, [])) for _, attr, _ in ROWS}
+        policy: {attr: spread(per_figure.get(attr, [])) for _, attr, _ in SUMMARY_ROWS}
         for policy, per_figure in values.items()
     }
 
@@ -141,10 +155,14 @@ def aggregate(
 def _cell(value: tuple[float, float, float] | None, kind: str) -> str:
     if value is None:
         return "–"
+
+    def shown(number: float) -> str:
+        return f"{number:.3g}" if kind == "count" else fmt_value(number, kind)
+
     median, low, high = value
     if low == high:
-        return fmt_value(median, kind)
-    return f"{fmt_value(median, kind)} ({fmt_value(low, kind)}–{fmt_value(high, kind)})"
+        return shown(median)
+    return f"{shown(median)} ({shown(low)}–{shown(high)})"
 
 
 def summary_table(summaries: Sequence[Mapping[str, Any]]) -> str:
@@ -160,7 +178,7 @@ def summary_table(summaries: Sequence[Mapping[str, Any]]) -> str:
     )
     policies = list(table)
     lines = [heading, "", "| figure | " + " | ".join(policies) + " |", "|---|" + "---|" * len(policies)]
-    for label, attr, kind in ROWS:
+    for label, attr, kind in SUMMARY_ROWS:
         cells = [_cell(table[p][attr], kind) for p in policies]
         if all(c == "–" for c in cells):
             continue

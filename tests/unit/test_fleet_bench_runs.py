@@ -182,7 +182,13 @@ def _summary(setting: str, figures: dict[str, dict[str, Any]], shape: str = "cro
 
 def test_aggregate_gives_median_and_range_per_figure_per_policy() -> None:
     runs = [
-        _summary("tight", {"warmer": {"hit90": 0.9, "ttft_p50_s": 0.1}, "rr": {"hit90": 0.4}}),
+        _summary(
+            "tight",
+            {
+                "warmer": {"hit90": 0.9, "ttft_p50_s": 0.1, "calls_served": 110},
+                "rr": {"hit90": 0.4, "extra": {"pre_traffic": {"warm_seconds": 2.5}}},
+            },
+        ),
         _summary("tight", {"warmer": {"hit90": 1.0, "ttft_p50_s": 0.3}, "rr": {"hit90": None}}),
         _summary("tight", {"warmer": {"hit90": 0.95, "ttft_p50_s": 0.2}, "rr": {"hit90": 0.5}}),
     ]
@@ -196,6 +202,8 @@ def test_aggregate_gives_median_and_range_per_figure_per_policy() -> None:
     assert "over 3 run(s)" in text
     assert "| turn-1 hit90 share (whole run) | 0.95 (0.90–1.00) | 0.45 (0.40–0.50) |" in text
     assert "| turn-1 TTFT p50 | 200 ms (100 ms–300 ms) | – |" in text
+    assert "| calls served | 110 | – |" in text
+    assert "| pre-traffic warm time (s) | – | 2.5 |" in text
 
 
 def test_aggregate_refuses_summaries_of_different_settings_or_shapes() -> None:
