@@ -3,6 +3,8 @@ floor, and a band that keeps the budget in force from following every small swin
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,7 +15,8 @@ from warmer.core.capacity import (
     capacity_in_force,
     prefix_budget_tokens,
 )
-from warmer.core.model import BoxCapacity
+from warmer.core.model import BoxCapacity, BoxSpec, EngineKind
+from warmer.core.placement import fit_to_capacity, handover
 
 pools = st.integers(min_value=0, max_value=10_000_000)
 shares = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -111,3 +114,25 @@ def test_a_new_pool_starts_the_budget_afresh_and_a_reading_without_a_pool_stands
     assert resized.tokens == 80_000
     slots = BoxCapacity(prefixes=4, pinnable_slots=4, source="/props total_slots")
     assert capacity_in_force(old, slots, policy) == slots
+
+
+def test_a_shrunk_token_budget_takes_the_quietest_retained_prefixes_off_the_box() -> None:
+    """Placement keeps the target within a box's tokens, but an agent it can no longer place keeps its old
+    route (move-before-switch). When the box's budget shrank with load, such retained prefixes beyond it
+    would be evicted by the next warm while still routed: the quietest leave, the target stays."""
+    box = BoxSpec(
+        id="b1", base_url="http://b1:8080", engine=EngineKind.VLLM, model="m", cache_capacity_tokens=1150
+    )
+    previous = {"hot": ("b1",), "mid": ("b1",), "quiet": ("b1",)}
+    target = {"hot": ("b1",), "mid": ("b1",)}  # quiet no longer fits: 3 x 500 > 1150
+    prefix_of = {a: f"p-{a}" for a in previous}
+    tokens = dict.fromkeys(previous, 500)
+    moving = handover(previous, target, prefix_of, warm=set())
+    assert moving.routing["quiet"] == ("b1",)  # unplaced: it keeps its old route
+    volume = {"hot": 40.0, "mid": 10.0, "quiet": 1.0}
+    fitted = fit_to_capacity(moving, target, prefix_of, {"b1": box}, volume, prefix_tokens=tokens)
+    assert (fitted.routing["quiet"], fitted.keep_warm["quiet"]) == ((), ())
+    assert fitted.routing["hot"] == fitted.routing["mid"] == ("b1",)
+    roomy = replace(box, cache_capacity_tokens=1500)
+    assert fit_to_capacity(moving, target, prefix_of, {"b1": roomy}, volume, prefix_tokens=tokens) is moving
+    assert fit_to_capacity(moving, target, prefix_of, {"b1": box}, volume) is moving  # no sizes: counts only

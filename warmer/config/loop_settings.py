@@ -8,6 +8,12 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from warmer.config.section import Section
+from warmer.core.capacity import (
+    DEFAULT_PREFIX_BAND,
+    DEFAULT_PREFIX_FLOOR,
+    DEFAULT_PREFIX_HEADROOM,
+    PrefixBudgetPolicy,
+)
 from warmer.core.model import EngineTimeouts, RetryPolicy
 
 
@@ -227,6 +233,52 @@ class CapacitySettings(Section):
             "counted as its current use; keep it above `hitrate.poll_seconds`."
         ),
     )
+    prefix_headroom_fraction: float = Field(
+        default=DEFAULT_PREFIX_HEADROOM,
+        ge=0,
+        le=4,
+        description=(
+            "Growth allowed for the live calls' share of a box's KV pool (vLLM, SGLang) before the next "
+            "capacity reading, as a fraction of it: the prefix budget is the pool less that share x (1 + "
+            "this) less `prefix_floor_fraction`. 0.25: calls a quarter up on the last reading still fit "
+            "without evicting a warm prefix."
+        ),
+    )
+    prefix_floor_fraction: float = Field(
+        default=DEFAULT_PREFIX_FLOOR,
+        ge=0,
+        lt=1,
+        description=(
+            "Share of a box's KV pool never given to prefixes, whatever the load reads (0..1). Covers a "
+            "burst of new calls on an idle box between two readings."
+        ),
+    )
+    prefix_band_fraction: float = Field(
+        default=DEFAULT_PREFIX_BAND,
+        ge=0,
+        lt=1,
+        description=(
+            "Relative change of a box's prefix budget that is ignored (0..1): a new reading moves the budget "
+            "in force only when it differs by more than this, so placement is not re-run for every small "
+            "swing of load. 0.1 = 10%."
+        ),
+    )
+    prefix_poll_seconds: float = Field(
+        default=15.0,
+        ge=0,
+        description=(
+            "Seconds between capacity readings of a healthy box (its KV pool and the share live calls "
+            "hold), so its prefix budget follows load. 15 s follows a dialer ramp within a minute at one "
+            "small request per box; 0 = read only when a new engine process is seen."
+        ),
+    )
+
+    def prefix_budget(self) -> PrefixBudgetPolicy:
+        return PrefixBudgetPolicy(
+            headroom=self.prefix_headroom_fraction,
+            floor=self.prefix_floor_fraction,
+            band=self.prefix_band_fraction,
+        )
 
 
 class DialerSettings(Section):

@@ -27,7 +27,8 @@ MIN_BURST_TOKENS = 20000.0
 
 
 def reconciler_config(settings: Settings) -> ReconcilerConfig:
-    """The planner's knobs from `[reconcile]`, and the dialer's pre-call hold and campaign lead."""
+    """The planner's knobs from `[reconcile]`, the dialer's pre-call hold and campaign lead, and the prefix
+    budget's reading period, headroom and band from `[capacity]`."""
     loop = settings.reconcile
     rate = float(loop.warm_budget_tokens_per_second)
     return ReconcilerConfig(
@@ -45,6 +46,8 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         ),
         precall_hold_seconds=settings.dialer.precall_hold_seconds,
         health_slow_polls_allowed=loop.health_slow_polls_allowed,
+        capacity_poll_seconds=settings.capacity.prefix_poll_seconds,
+        prefix_budget=settings.capacity.prefix_budget(),
     )
 
 

@@ -94,31 +94,46 @@ def fit_to_capacity(
     prefix_of: Mapping[str, str],
     boxes: Mapping[str, BoxSpec],
     priority: Mapping[str, float],
+    prefix_tokens: Mapping[str, int] | None = None,
 ) -> Handover:
     """Drop retained (old) memberships that would make a box hold more prefixes than it can.
 
     `place` keeps the target within every box's capacity, but move-before-switch keeps an agent's old boxes
     serving until its new ones are warm; on a box that is full with its new agents, such a retained prefix
     is evicted by the next warm while still routed. So the quietest retained agents (`priority`: calls per
-    minute, lowest first) leave such a box at once, from both routing and keep-warm.
+    minute, lowest first) leave such a box at once, from both routing and keep-warm. With `prefix_tokens`
+    (agent -> its prefix's tokens) a box's `cache_capacity_tokens` bounds them too: a budget that shrank with
+    load (`warmer.core.capacity`) takes its quietest prefixes off the box, not only new placements.
     """
+    sizes = prefix_tokens or {}
     held: dict[str, set[str]] = {}
+    tokens: dict[str, int] = {}  # box -> tokens of the distinct prefixes held
     retained: list[tuple[float, str, str]] = []  # (priority, agent, box)
     for agent, group in moving.keep_warm.items():
         wanted = set(target.get(agent, ()))
         prefix = prefix_of.get(agent, f"agent:{agent}")
         for box_id in group:
-            if box_id in wanted:
-                held.setdefault(box_id, set()).add(prefix)
-            else:
+            if box_id not in wanted:
                 retained.append((priority.get(agent, 0.0), agent, box_id))
+            elif prefix not in held.setdefault(box_id, set()):
+                held[box_id].add(prefix)
+                tokens[box_id] = tokens.get(box_id, 0) + sizes.get(agent, 0)
     dropped: set[tuple[str, str]] = set()
     for _, agent, box_id in sorted(retained, key=lambda item: (-item[0], item[1])):
         prefix = prefix_of.get(agent, f"agent:{agent}")
         on_box = held.setdefault(box_id, set())
-        limit = boxes[box_id].prefix_capacity if box_id in boxes else None
-        if prefix in on_box or limit is None or len(on_box) < limit:
+        spec = boxes.get(box_id)
+        limit = spec.prefix_capacity if spec is not None else None
+        room = spec.cache_capacity_tokens if spec is not None and prefix_tokens is not None else None
+        size = sizes.get(agent, 0)
+        fits = (limit is None or len(on_box) < limit) and (
+            room is None or tokens.get(box_id, 0) + size <= room
+        )
+        if prefix in on_box:
+            continue
+        if fits:
             on_box.add(prefix)
+            tokens[box_id] = tokens.get(box_id, 0) + size
         else:
             dropped.add((agent, box_id))
     if not dropped:

@@ -92,7 +92,12 @@ class DesiredState:
         prefix_of = {agent: ref.hash for agent, ref in refs.items()}
         moving = handover(self.routing, target, prefix_of, warm, existing=self._boxes.keys())
         moving = fit_to_capacity(
-            moving, target, prefix_of, {b.id: b for b in self._placement_boxes()}, volume
+            moving,
+            target,
+            prefix_of,
+            {b.id: b for b in self._placement_boxes()},
+            volume,
+            prefix_tokens={agent: ref.tokens for agent, ref in refs.items()},
         )
         self.routing = dict(moving.routing)
         self.current = Desired(

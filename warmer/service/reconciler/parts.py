@@ -101,6 +101,8 @@ def build_parts(
         concurrency=config.health_concurrency,
         slow_polls_allowed=config.health_slow_polls_allowed,
         owns=owns,
+        capacity_poll_seconds=config.capacity_poll_seconds,
+        prefix_budget=config.prefix_budget,
     )
     activity = AgentActivity(config.precall_hold_seconds)
     drift = TokenizerDriftCheck(

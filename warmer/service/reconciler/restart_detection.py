@@ -12,6 +12,11 @@ and pins leave the view at once (so it leaves every route), the new epoch is wri
 drops the old epochs' rows), its cache capacity is read again, and if an earlier daemon already ran this
 epoch's restart warm-up (`warmer.service.restart_warmup`), its progress is resumed from the store.
 
+A healthy box's capacity is also read again every `capacity_poll_seconds`: where its cache is a shared token
+pool, the share live calls hold grows and shrinks with load, and so does the room left for prefixes. The
+prefix budget in force moves only past a band (`warmer.core.capacity.capacity_in_force`); a failed reading
+keeps the figures in force.
+
 The view changes first and the store writes queue behind it (`flush`): a restarted or failed box leaves
 readiness even while the database is down; the writes reach the store as soon as it answers.
 
@@ -25,11 +30,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import structlog
 
+from warmer.core.capacity import PrefixBudgetPolicy, capacity_in_force
 from warmer.core.errors import EngineSlow, LeaseLost, StoreError, WarmerError
 from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
@@ -65,6 +72,8 @@ class BoxHealth:
         concurrency: int,
         slow_polls_allowed: int = 1,
         owns: Callable[[str], bool] = lambda _box_id: True,
+        capacity_poll_seconds: float = 0.0,
+        prefix_budget: PrefixBudgetPolicy | None = None,
     ) -> None:
         self._engine = engine
         self._store = store
@@ -79,6 +88,9 @@ class BoxHealth:
         # box id -> what its cache holds, as its engine reported it for its latest epoch (kept while the
         # box is down, so an outage does not reshuffle placement)
         self.capacity: dict[str, BoxCapacity] = {}
+        self._capacity_poll_seconds = capacity_poll_seconds  # 0: read only for a new process
+        self._prefix_budget = prefix_budget or PrefixBudgetPolicy()
+        self._capacity_read_at: dict[str, float] = {}  # box id -> monotonic seconds of its last reading
         self.suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
         # Health and epoch writes the in-memory view is already ahead of, oldest first, one per key.
         self._unwritten: dict[tuple[object, ...], Callable[[], Awaitable[object]]] = {}
@@ -87,7 +99,8 @@ class BoxHealth:
 
     async def poll_all(self, boxes: Sequence[BoxSpec], now: float) -> bool:
         """Poll every box, concurrently and bounded, and apply each answer to the view (its store writes
-        are queued: `flush`). True when a box went up or down, or restarted."""
+        are queued: `flush`); then read the capacity of the healthy boxes whose reading is due. True when a
+        box went up or down, restarted, or its capacity figures in force changed."""
         limit = asyncio.Semaphore(self._concurrency)
 
         async def poll(box: BoxSpec) -> Health:
@@ -98,7 +111,7 @@ class BoxHealth:
         changed = False
         for box, health in zip(boxes, results, strict=True):
             changed = await self._apply_seen(box, health, now) or changed
-        return changed
+        return await self._follow_load(boxes, limit) or changed
 
     async def _apply_seen(self, box: BoxSpec, health: Health, now: float) -> bool:
         """Apply one answer; True when the box went up or down, or restarted."""
@@ -196,7 +209,7 @@ class BoxHealth:
         self._log.info("box epoch", box=box.id, epoch=epoch, previous=previous.epoch)
         key = (box.id, "epoch", epoch)
         self._unwritten.pop(key, None)  # back to an epoch still queued: it is now the newest write
-        await self._read_capacity(box)
+        await self._read_capacity(box, fresh=True)
         if not self._owns(box.id):
             return  # another replica holds the box: its warm-up is read from the holder's phases
         self._write_later(key, functools.partial(self._store_epoch, box.id, epoch, now, new=True))
@@ -240,22 +253,78 @@ class BoxHealth:
 
     # -------------------------------------------------------------------------------- the new process
 
-    async def _read_capacity(self, box: BoxSpec) -> None:
-        """What the new process's cache holds (placement never gives a box more prefixes than that)."""
+    async def _read_capacity(self, box: BoxSpec, *, fresh: bool = False) -> bool:
+        """Read the box's capacity and apply it; True when the figures in force changed. `fresh`: a new
+        process, whose figures replace the old ones outright (its pool may differ; its cache is empty)."""
+        read = await self._fetch_capacity(box)
+        return False if read is None else self._apply_capacity(box, read, fresh=fresh)
+
+    async def _fetch_capacity(self, box: BoxSpec) -> BoxCapacity | None:
+        """What the box's cache holds beside its live calls, as its engine says now; None when the reading
+        failed (the figures in force stay: a box too busy to answer has no more room than before)."""
+        self._capacity_read_at[box.id] = self._clock.monotonic()
         try:
-            capacity = await self._engine.capacity(box)
+            return await self._engine.capacity(box)
         except WarmerError as exc:
             self._log.warning("box capacity unknown", box=box.id, error=str(exc))
-            return
-        if self.capacity.get(box.id) != capacity:
+            return None
+
+    def _apply_capacity(self, box: BoxSpec, read: BoxCapacity, *, fresh: bool) -> bool:
+        """The reading through the prefix budget's band (placement never gives a box more than this);
+        each change is logged once. True when a figure placement uses changed."""
+        before = self.capacity.get(box.id)
+        after = capacity_in_force(None if fresh else before, read, self._prefix_budget)
+        self.capacity[box.id] = after
+        shape = (after.prefixes, after.pool_tokens, after.pinnable_slots, after.source)
+        if (
+            before is None
+            or (before.prefixes, before.pool_tokens, before.pinnable_slots, before.source) != shape
+        ):
             self._log.info(
                 "box capacity",
                 box=box.id,
-                prefixes=capacity.prefixes,
-                tokens=capacity.tokens,
-                source=capacity.source,
+                prefixes=after.prefixes,
+                tokens=after.tokens,
+                pool_tokens=after.pool_tokens,
+                source=after.source,
             )
-        self.capacity[box.id] = capacity
+        old = None if before is None else before.tokens
+        if after.pool_tokens is not None and after.tokens != old:
+            self._log.info(
+                "box prefix budget",
+                box=box.id,
+                old=old,
+                new=after.tokens,
+                pool=after.pool_tokens,
+                used=after.used_share,
+                configured=box.cache_capacity_tokens,  # set: it wins over these figures
+            )
+        return before is None or (before.prefixes, before.tokens) != (after.prefixes, after.tokens)
+
+    async def _follow_load(self, boxes: Sequence[BoxSpec], limit: asyncio.Semaphore) -> bool:
+        """Read the capacity of every healthy box whose last reading is `capacity_poll_seconds` old,
+        concurrently under the poll's bound; True when any figures in force changed."""
+        if self._capacity_poll_seconds <= 0:
+            return False
+        now = self._clock.monotonic()
+        due = [
+            box
+            for box in boxes
+            if (live := self.live.get(box.id)) is not None
+            and live.healthy
+            and now - self._capacity_read_at.get(box.id, -math.inf) >= self._capacity_poll_seconds
+        ]
+
+        async def read(box: BoxSpec) -> BoxCapacity | None:
+            async with limit:
+                return await self._fetch_capacity(box)
+
+        readings = await asyncio.gather(*(read(box) for box in due))
+        changed = False
+        for box, capacity in zip(due, readings, strict=True):
+            if capacity is not None and box.id in self.live:
+                changed = self._apply_capacity(box, capacity, fresh=False) or changed
+        return changed
 
     async def _resume_warmup(self, box_id: str, epoch: str, live: BoxLive) -> None:
         """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
@@ -284,6 +353,7 @@ class BoxHealth:
         """A box left the fleet: its epoch rows go with its box row, so a queued epoch write would now
         fail on every pass."""
         self.capacity.pop(box_id, None)
+        self._capacity_read_at.pop(box_id, None)
         self.live.pop(box_id, None)
         self._unwritten = {k: w for k, w in self._unwritten.items() if k[:2] != (box_id, "epoch")}
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from warmer.core.agents import AgentSpec
+from warmer.core.capacity import PrefixBudgetPolicy
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
@@ -112,6 +113,10 @@ class ReconcilerConfig:
     # relative change in an unchanged prefix text's token count, across engine versions, that is raised
     # as tokenizer drift (seen in the field: +8% from a tokenizer regression)
     tokenizer_drift_threshold: float = DEFAULT_DRIFT_THRESHOLD
+    # a healthy box's capacity is read again this often, so its prefix budget follows load (setting:
+    # capacity.prefix_poll_seconds; 0 = only when a new process is seen), under this headroom and band
+    capacity_poll_seconds: float = 15.0
+    prefix_budget: PrefixBudgetPolicy = field(default_factory=PrefixBudgetPolicy)
 
     def __post_init__(self) -> None:
         if self.health_concurrency < 1:
@@ -122,6 +127,8 @@ class ReconcilerConfig:
             raise ValueError("tokenizer_drift_threshold must be between 0 and 1")
         if self.precall_hold_seconds <= 0:
             raise ValueError("precall_hold_seconds must be > 0")
+        if self.capacity_poll_seconds < 0:
+            raise ValueError("capacity_poll_seconds must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
