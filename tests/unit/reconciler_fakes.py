@@ -267,6 +267,7 @@ def world(
     observer: ReconcileObserver | None = None,
     store_class: type[SqlStore] = SqlStore,
     slow_polls_allowed: int = 1,
+    lend_seconds: float = 60.0,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
@@ -290,6 +291,7 @@ def world(
             planner=planner or PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
             placement=placement or PlacementConfig(min_group_size=min_group),
             health_slow_polls_allowed=slow_polls_allowed,
+            precall_lend_seconds=lend_seconds,
         ),
         demand=demand,
         observer=observer,

@@ -654,10 +654,12 @@ def test_a_box_that_goes_down_hands_its_agents_to_the_fleet_where_they_stay_warm
 
 
 def test_an_agent_that_fits_nowhere_warm_gets_a_cold_box_named_not_a_refusal(store_url: str) -> None:
+    """With lending off (`dialer.precall_lend_seconds = 0`); with it on, see test_precall_lending."""
+
     async def scenario() -> None:
         engine = FakeEngine(["b1"])
         engine.boxes["b1"].holds = 1
-        w = world(store_url, ("b1",), ("a1", "a2"), engine=engine, min_group=1)
+        w = world(store_url, ("b1",), ("a1", "a2"), engine=engine, min_group=1, lend_seconds=0.0)
         await settle(w.reconciler)
         placed = [a for a in ("a1", "a2") if route_boxes(w.reconciler, a)]
         assert len(placed) == 1  # one prompt fits: the other agent is not warmed over it
@@ -764,7 +766,7 @@ def test_the_kept_placement_follows_a_box_removal_and_an_agent_change_as_a_full_
             AgentDemand(a, "m", ref.tokens, calls_per_minute=volume.get(a, 0.0), prefix_hash=ref.hash)
             for a, ref in sorted(w.reconciler._catalogue.refs().items())
         ]
-        boxes = desired._placement_boxes()
+        boxes = desired.placement_boxes()
         config = w.reconciler._config.placement
         return dict(
             place(boxes, demands, config, eligible=desired._eligible_boxes(), previous=previous).groups

@@ -83,7 +83,13 @@ class PrewarmAnswerBody(BaseModel):
     ready: bool
     waited_ms: int
     detail: str
-    slot: int | None = Field(default=None, description="llama.cpp: the slot holding the prefix (id_slot).")
+    slot: int | None = Field(
+        default=None,
+        description=(
+            "llama.cpp: the slot holding the prefix (ready), or reserved for its warm in flight (warming: a "
+            "call sent there with id_slot queues behind the warm and finds the prefix)."
+        ),
+    )
 
 
 class StoredCampaign(BaseModel):

@@ -310,6 +310,16 @@ class DialerSettings(Section):
             "within a minute."
         ),
     )
+    precall_lend_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds a pre-call ask for an agent that no box keeps warm (more agents than the fleet holds) "
+            "borrows room: its prefix is warmed at once in place of the least valuable prefix of one box "
+            "(that prefix leaves the routes there first) and keeps the room this long, about a call. "
+            "0: such asks are answered cold on a stand-in box."
+        ),
+    )
     volume_window_seconds: float = Field(
         default=60.0,
         gt=0,

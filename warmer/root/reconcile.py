@@ -45,6 +45,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
             retire_idle_after_seconds=loop.retire_idle_after(),
         ),
         precall_hold_seconds=settings.dialer.precall_hold_seconds,
+        precall_lend_seconds=settings.dialer.precall_lend_seconds,
         health_slow_polls_allowed=loop.health_slow_polls_allowed,
         capacity_poll_seconds=settings.capacity.prefix_poll_seconds,
         prefix_budget=settings.capacity.prefix_budget(),

@@ -10,7 +10,6 @@ one cold agent sends one warm per box, not one per ask. This service adds what t
 - the caller's wait is bounded by an operator maximum;
 - asks are counted per agent (observed call volume), which placement reads like campaign volume to give a
   busy agent a wider group.
-
 It depends on `PrewarmBackend`, a narrow Protocol, not on the reconciler class: unit tests fake it.
 """
 
@@ -87,6 +86,9 @@ class EnsureAnswer(Protocol):
     def routes(self) -> Sequence[Route]:
         """When routed: the routes the box was chosen from (empty: ask `routes_for`)."""
         ...
+
+    @property
+    def slot(self) -> int | None: ...  # not routed yet: the slot reserved for the prefix's warm there
 
 
 class PrewarmBackend(Protocol):
@@ -366,7 +368,7 @@ class PrewarmService:
             ready=answer.routed,
             waited_ms=waited_ms,
             detail=answer.detail,
-            slot=self._backend.slot(ask.agent_id, box_id) if answer.routed else None,
+            slot=self._backend.slot(ask.agent_id, box_id) if answer.routed else answer.slot,
         )
 
 

@@ -88,8 +88,10 @@ class ActionRunner:
         staging: PromptStaging,
         poke: Callable[[], None],
         evictions: EvictionReactions | None = None,
+        blocked: Callable[[str, str], bool] = lambda _box_id, _prefix_hash: False,
     ) -> None:
         self._clock = clock
+        self._blocked = blocked  # (box, prefix): its room there is lent to another agent now (`loans`)
         self._config = config
         self._executor = executor
         self._observer = observer
@@ -132,6 +134,8 @@ class ActionRunner:
                     action.box_id, action.epoch, action.prefix_hash, WarmFailed(action.reason), action.reason
                 )
             elif isinstance(action, WarmPrefix | ProbePrefix):
+                if self._blocked(action.box_id, action.prefix_hash):
+                    continue  # planned before its room was lent: warming it would evict the borrower
                 if self._evictions is not None and await self._evictions.renewed(action):
                     continue  # a keepalive of a prefix the box's KV cache events say it holds
                 probe = isinstance(action, ProbePrefix)

@@ -12,7 +12,7 @@ placement change never sends calls to a cold box while a warm one exists.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 
 import structlog
@@ -22,6 +22,7 @@ from warmer.core.campaigns import campaign_demand, merge_demand
 from warmer.core.model import BoxSpec, Campaign, ModelProfile
 from warmer.core.placement import (
     AgentDemand,
+    Handover,
     Placement,
     PlacementConfig,
     PlacementState,
@@ -72,6 +73,11 @@ class DesiredState:
         self._placement_key: object = None
         self._placement: Mapping[str, tuple[str, ...]] = {}
         self._state: PlacementState | None = None  # built on the first placement, then edited
+        self.volume: Mapping[str, float] = {}  # calls/minute per agent, as the last build saw it
+        # running just-in-time loans laid over each handover (`loans.PrefixLoans.overlay`)
+        self.overlay: Callable[[Handover, Mapping[str, str], Collection[tuple[str, str]]], Handover] = (
+            lambda moving, _prefix_of, _warm: moving
+        )
 
     def build(
         self,
@@ -87,6 +93,7 @@ class DesiredState:
             campaign_demand(campaigns, now, self._config.planner.campaign_lead_seconds),
             self._observed_demand(),
         )
+        self.volume = volume
         target = self._place(refs, volume)
         warm = {(r.box_id, r.prefix_hash) for r in self._book.trusted().values() if is_serving(r)}
         prefix_of = {agent: ref.hash for agent, ref in refs.items()}
@@ -95,10 +102,11 @@ class DesiredState:
             moving,
             target,
             prefix_of,
-            {b.id: b for b in self._placement_boxes()},
+            {b.id: b for b in self.placement_boxes()},
             volume,
             prefix_tokens={agent: ref.tokens for agent, ref in refs.items()},
         )
+        moving = self.overlay(moving, prefix_of, warm)
         self.routing = dict(moving.routing)
         self.current = Desired(
             boxes=self._boxes,
@@ -128,7 +136,7 @@ class DesiredState:
             and (live.warmup is WarmupStatus.DONE or not self._served(box_id))
         )
 
-    def _placement_boxes(self) -> list[BoxSpec]:
+    def placement_boxes(self) -> list[BoxSpec]:
         """The fleet as placement sees it: configured limits, else the engine's own capacity figures."""
         capacity = self._health.capacity
         return [
@@ -152,7 +160,7 @@ class DesiredState:
             )
             for agent, ref in sorted(refs.items())
         ]
-        boxes = self._placement_boxes()
+        boxes = self.placement_boxes()
         eligible = self._eligible_boxes()
         key = (
             tuple(sorted((b.id, b.prefix_capacity, b.cache_capacity_tokens) for b in boxes)),

@@ -103,6 +103,7 @@ class Reconciler:
                 routes_now=self._routes_now,
                 agent_routes=self.agent_routes,
                 joining_routes=self.joining_routes,
+                lent_routes=self.lent_routes,
                 recheck_box=self.recheck_box,
             ),
             gate=replicas,  # None: this daemon alone holds every box
@@ -276,6 +277,11 @@ class Reconciler:
         if desired is None:
             return ()
         return self._routes_over(desired, agent_id, desired.assignment.get(agent_id, ()))
+
+    def lent_routes(self, agent_id: str, boxes: tuple[str, ...]) -> tuple[Route, ...]:
+        """The agent's routes over boxes lent to it just in time (`loans`), before a pass joins them."""
+        desired = self._desired.current
+        return () if desired is None else self._routes_over(desired, agent_id, boxes)
 
     def _routes_over(self, desired: Desired, agent_id: str, group: tuple[str, ...]) -> tuple[Route, ...]:
         """`routes()` for one agent routed over `group`, observing only what it reads there: the group's

@@ -23,6 +23,7 @@ from warmer.service.reconciler.catalogue import PrefixCatalogue
 from warmer.service.reconciler.desired import DesiredState
 from warmer.service.reconciler.evictions import EvictionReactions
 from warmer.service.reconciler.fleet_edits import FleetEdits, Rollout
+from warmer.service.reconciler.loans import PrefixLoans
 from warmer.service.reconciler.precall import PrecallWarming
 from warmer.service.reconciler.prompts import PromptPromotion, PromptStaging
 from warmer.service.reconciler.ready_reports import ReadyReports
@@ -47,6 +48,7 @@ class Hooks:
     routes_now: Callable[[float], Mapping[str, tuple[Route, ...]] | None]  # None before the first pass
     agent_routes: Callable[[str], tuple[Route, ...]]
     joining_routes: Callable[[str], tuple[Route, ...]]  # with the group's verified boxes joined
+    lent_routes: Callable[[str, tuple[str, ...]], tuple[Route, ...]]  # over the boxes lent to the agent
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,7 @@ class Parts:
     precall: PrecallWarming
     replicas: ReplicaSync
     evictions: EvictionReactions
+    loans: PrefixLoans
 
 
 def build_parts(
@@ -125,6 +128,10 @@ def build_parts(
         observed_demand=demand or dict,
         log=log,
     )
+    loans = PrefixLoans(
+        book=book, clock=clock, lend_seconds=config.precall_lend_seconds, retry=config.planner.retry, log=log
+    )
+    desired.overlay = loans.overlay
     evictions = EvictionReactions(
         book=book,
         epoch_of=lambda box_id: live.epoch if (live := health.live.get(box_id)) is not None else None,
@@ -150,6 +157,7 @@ def build_parts(
         staging=staging,
         poke=hooks.poke,
         evictions=evictions,
+        blocked=loans.blocks,
     )
     promotion = PromptPromotion(
         store=store,
@@ -190,6 +198,8 @@ def build_parts(
         rollout=rollout,
         routes_for=hooks.agent_routes,
         joining_routes_for=hooks.joining_routes,
+        lent_routes_for=hooks.lent_routes,
+        loans=loans,
         poke=hooks.poke,
         changed=hooks.changed,
         owns=owns,
@@ -226,4 +236,5 @@ def build_parts(
         precall=precall,
         replicas=replicas,
         evictions=evictions,
+        loans=loans,
     )

@@ -5,19 +5,21 @@ has a route, the answer is immediate and wakes no pass (a pass per ask would cos
 otherwise the warm on the agent's best box is started or joined (coalesced with the loop's own) and
 awaited up to the caller's bound. Waiting asks are answered when any engine work finishes, not at the end
 of the next pass: a box of the agent's group where its prefix was just verified warm is a route at once
-(the next pass's handover joins it to the routing for the same reason). With no box of its group able
-to take the call, a cold stand-in of its model is named rather than no box at all.
+(the next pass's handover joins it to the routing for the same reason). An agent placement left
+without a group (a crowded fleet's tail) borrows room just in time: the least valuable prefix of one box
+of its model gives it up (`loans`), and the ask waits for the borrower's warm like any other. Only when
+no room can be lent is a cold stand-in of its model named, rather than no box at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from warmer.core.agents import AgentSpec
 from warmer.core.model import BoxSpec, WarmState
-from warmer.core.placement import stable_seed
+from warmer.core.placement import Handover, stable_seed
 from warmer.core.planner import WarmupStatus
 from warmer.core.readiness import Route
 from warmer.core.warmstate import is_serving, retry_at
@@ -27,6 +29,7 @@ from warmer.service.reconciler.activity import AgentActivity
 from warmer.service.reconciler.catalogue import PrefixCatalogue
 from warmer.service.reconciler.desired import DesiredState
 from warmer.service.reconciler.fleet_edits import Rollout
+from warmer.service.reconciler.loans import PrefixLoans
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import EnsureResult, ReconcilerConfig, UnknownAgent
@@ -51,6 +54,8 @@ class PrecallWarming:
         rollout: Rollout,
         routes_for: Callable[[str], tuple[Route, ...]],
         joining_routes_for: Callable[[str], tuple[Route, ...]],
+        lent_routes_for: Callable[[str, tuple[str, ...]], tuple[Route, ...]],
+        loans: PrefixLoans,
         poke: Callable[[], None],
         changed: Callable[[], asyncio.Event],
         owns: Callable[[str], bool] = lambda _box_id: True,
@@ -68,6 +73,8 @@ class PrecallWarming:
         self._rollout = rollout
         self._routes_for = routes_for
         self._joining_routes_for = joining_routes_for
+        self._lent_routes_for = lent_routes_for  # (agent, boxes lent to it) -> its routes there
+        self._loans = loans
         self._poke = poke
         self._changed = changed  # the event the next pass sets
         self._owns = owns  # engine work only on boxes this replica holds the lease of
@@ -81,9 +88,11 @@ class PrecallWarming:
         deadline = self._clock.monotonic() + max(0.0, wait_seconds)
         woken = False
         while True:
-            result, waiter = self._step(agent_id)
+            result, waiter, homeless = self._step(agent_id)
             if result.routed:
                 return result  # warm: nothing for the loop to do, so no pass (a pass per ask is CPU per call)
+            if homeless and await self._lend(agent_id):
+                continue  # room was lent: the next look starts (or joins) the warm there
             if not woken:
                 self._poke()
                 woken = True
@@ -107,31 +116,49 @@ class PrecallWarming:
             if not done:
                 return self._step(agent_id)[0]
 
-    def _step(self, agent_id: str) -> tuple[EnsureResult, asyncio.Future[Any] | None]:
-        """One look at the agent: (answer now, what to wait for next; None = the next change)."""
+    def _step(self, agent_id: str) -> tuple[EnsureResult, asyncio.Future[Any] | None, bool]:
+        """One look at the agent: (answer now, what to wait for next (None = the next change), whether
+        no box of its group can take the call: room may then be lent)."""
         computed = self._catalogue.get(agent_id)
         desired = self._desired.current
         if computed is None or desired is None:
             detail = self._catalogue.errors.get(agent_id, "prefix not computed yet")
-            return EnsureResult(agent_id, None, None, False, None, detail), None
+            return EnsureResult(agent_id, None, None, False, None, detail), None, False
         prefix_hash = computed.prefix.hash
         now = self._clock.now()
-        found = self._routes_for(agent_id) or self._joining_routes_for(agent_id)
+        lent = self._loans.boxes_of(agent_id)
+        found = (
+            self._routes_for(agent_id)
+            or self._joining_routes_for(agent_id)
+            or (self._lent_routes_for(agent_id, lent) if lent else ())
+        )
         if found:
             answer = EnsureResult(agent_id, found[0].box_id, WarmState.WARM, True, prefix_hash, "warm", found)
-            return answer, None
+            return answer, None, False
         first: EnsureResult | None = None
-        for box_id in desired.assignment.get(agent_id, ()):
+        group = [b for b in desired.assignment.get(agent_id, ()) if not self._loans.lent_away(b, agent_id)]
+        for box_id in dict.fromkeys([*group, *lent]):
             live = self._health.live[box_id]
             if not live.healthy or live.epoch is None or live.warmup is not WarmupStatus.DONE:
                 continue
-            record = self._book.get((box_id, live.epoch, prefix_hash))
+            key = (box_id, live.epoch, prefix_hash)
+            record = self._book.get(key)
             state = record.state if record is not None else WarmState.COLD
             waiting = self._runner.in_flight.get((box_id, prefix_hash))
             if waiting is not None:
-                return EnsureResult(
-                    agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming"
-                ), waiting
+                return (
+                    EnsureResult(
+                        agent_id,
+                        box_id,
+                        WarmState.WARMING,
+                        False,
+                        prefix_hash,
+                        "warming",
+                        slot=self._book.slot(key),
+                    ),
+                    waiting,
+                    False,
+                )
             if record is not None and is_serving(record):
                 first = first or EnsureResult(
                     agent_id, box_id, state, False, prefix_hash, "warm, joining the route"
@@ -154,13 +181,91 @@ class PrecallWarming:
                 )
                 continue
             self._runner.charge(box_id, computed.prefix.token_count, now)
+            reason = "precall, room lent" if box_id in lent else "precall"
             waiter = self._runner.start_engine_work(
-                box_id, live.epoch, prefix_hash, "precall", probe=False, agents=(agent_id,)
+                box_id, live.epoch, prefix_hash, reason, probe=False, agents=(agent_id,)
             )
-            return EnsureResult(agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming"), waiter
+            answer = EnsureResult(
+                agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming", slot=self._book.slot(key)
+            )
+            return answer, waiter, False
         if first is not None:
-            return first, None
-        return self._cold_stand_in(agent_id, prefix_hash), None
+            return first, None, False
+        return self._cold_stand_in(agent_id, prefix_hash), None, True
+
+    async def _lend(self, agent_id: str) -> bool:
+        """Room for an agent no box of whose group can take its call, on the box of its model where the
+        prefixes that leave for it save the least prefill (`warmer.core.placement.loans`)."""
+        desired = self._desired.current
+        computed = self._catalogue.get(agent_id)
+        if not self._loans.enabled or desired is None or computed is None:
+            return False
+        model = self._agents[agent_id].model
+        live = self._health.live
+        candidates = [
+            box
+            for box in self._desired.placement_boxes()
+            if box.model == model
+            and self._owns(box.id)
+            and not self._rollout.is_draining(box.id)
+            and live[box.id].healthy
+            and live[box.id].epoch is not None
+            and live[box.id].warmup is WarmupStatus.DONE
+        ]
+        if not candidates:
+            return False
+        refs = desired.agents
+        prefix_of = {agent: ref.hash for agent, ref in refs.items()}
+        moving = self._loans.overlay(
+            Handover(routing=desired.routing or {}, keep_warm=desired.assignment, pending={}), prefix_of, ()
+        )
+        held: dict[str, list[str]] = {}
+        for agent, group in moving.keep_warm.items():
+            for box_id in group:
+                held.setdefault(box_id, []).append(agent)
+        lent = await self._loans.lend(
+            agent_id,
+            tokens=computed.prefix.token_count,
+            candidates=candidates,
+            epochs={box.id: live[box.id].epoch or "" for box in candidates},
+            held=held,
+            tokens_of={agent: ref.tokens for agent, ref in refs.items()},
+            prefix_of=prefix_of,
+            volume=self._desired.volume,
+            capacity=self._health.capacity,
+            busy=lambda box_id, prefix_hash: (box_id, prefix_hash) in self._runner.in_flight,
+        )
+        if lent is None:
+            return False
+        await self._touch_keepers(lent, held.get(lent, ()), agent_id, prefix_of)
+        return True
+
+    async def _touch_keepers(
+        self, box_id: str, held: Sequence[str], borrower: str, prefix_of: Mapping[str, str]
+    ) -> None:
+        """On a box whose requests cannot name a slot, the engine evicts least recently used first: the
+        prefixes that stay are touched (a probe each, a cached prefill) before the borrower's warm, so
+        the one evicted is the victim that already left the routes, not a prefix still vouched for."""
+        capacity = self._health.capacity.get(box_id)
+        if capacity is not None and capacity.pinnable_slots:
+            return  # the borrower's warm runs in the victim's own slot
+        epoch = self._health.live[box_id].epoch
+        if epoch is None:
+            return
+        waiters = []
+        for agent in held:
+            prefix_hash = prefix_of.get(agent)
+            if agent == borrower or prefix_hash is None or self._loans.lent_away(box_id, agent):
+                continue
+            record = self._book.get((box_id, epoch, prefix_hash))
+            if record is not None and is_serving(record):
+                waiters.append(
+                    self._runner.start_engine_work(
+                        box_id, epoch, prefix_hash, "touch before a lent warm", probe=True, agents=(agent,)
+                    )
+                )
+        if waiters:
+            await asyncio.gather(*waiters)
 
     def _cold_stand_in(self, agent_id: str, prefix_hash: str) -> EnsureResult:
         """No box of the agent's group can take the call (all down, or the agent fits nowhere warm): name a

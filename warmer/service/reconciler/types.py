@@ -107,6 +107,9 @@ class ReconcilerConfig:
     health_slow_polls_allowed: int = 1
     # a pre-call ask keeps the agent at top priority this long (setting: dialer.precall_hold_seconds)
     precall_hold_seconds: float = 60.0
+    # an ask for an agent without a box that can take its call borrows room this long, just in time
+    # (setting: dialer.precall_lend_seconds; 0: such asks are answered cold)
+    precall_lend_seconds: float = 60.0
     # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
     # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
     pending_prompt_timeout_seconds: float = 600.0
@@ -127,6 +130,8 @@ class ReconcilerConfig:
             raise ValueError("tokenizer_drift_threshold must be between 0 and 1")
         if self.precall_hold_seconds <= 0:
             raise ValueError("precall_hold_seconds must be > 0")
+        if self.precall_lend_seconds < 0:
+            raise ValueError("precall_lend_seconds must be >= 0")
         if self.capacity_poll_seconds < 0:
             raise ValueError("capacity_poll_seconds must be >= 0")
 
@@ -200,6 +205,9 @@ class EnsureResult:
     prefix_hash: str | None
     detail: str = ""
     routes: tuple[Route, ...] = ()  # when routed: every route the box was chosen from, in spill order
+    # not routed yet, warming: the engine slot reserved for the prefix there (llama.cpp). A call that names
+    # it (`id_slot`) queues behind the warm in that slot and finds the prefix, evicting nobody else's.
+    slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,137 @@
+"""Room lent just in time: a call for an agent with no warm box takes the place of a cooler prefix.
+
+When the fleet holds fewer prefixes than there are agents, placement keeps the most valuable ones
+resident and the rest (the tail) have no group. A pre-call ask for a tail agent is a concrete call seconds
+away, so its prefix is warmed now, into the room the least valuable prefix of one box gives up: that
+prefix stops being vouched for there *before* the warm is sent (so no answer says it is warm while it is
+being evicted), the borrower is protected for the loan's length (about a call), and when the loan ends
+placement takes the room back. The same shape works for slot engines (one prompt per slot: the victim's
+slot is lent) and for token pools (victims leave until the borrower's tokens fit).
+
+Value of a resident prefix = calls per minute × prefix tokens: the prefill it saves a minute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+from warmer.core.model import BoxSpec
+from warmer.core.placement.handover import Handover
+
+
+@dataclass(frozen=True, slots=True)
+class Loan:
+    """`borrower` holds room on `box_id` until `until` (unix seconds); `victims` gave it up."""
+
+    box_id: str
+    borrower: str
+    victims: tuple[str, ...]
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoanOffer:
+    """Where a borrower's prefix would go, and whose prefixes leave that box for it."""
+
+    box_id: str
+    victims: tuple[str, ...]
+    cost: float  # the victims' value: prefill a minute no longer saved there
+
+
+def prefix_value(calls_per_minute: float, prefix_tokens: int) -> float:
+    """Prefill a resident prefix saves a minute: what keeping it is worth."""
+    return max(0.0, calls_per_minute) * max(0, prefix_tokens)
+
+
+def offer_loan(
+    borrower: str,
+    borrower_tokens: int,
+    candidates: Sequence[BoxSpec],
+    held: Mapping[str, Sequence[str]],
+    tokens_of: Mapping[str, int],
+    value: Callable[[str], float],
+    protected: Collection[str],
+    tie: Callable[[str], int],
+) -> LoanOffer | None:
+    """The cheapest room for `borrower` on one of `candidates`, or None when every box is full of
+    prefixes that cannot leave (`protected`: borrowers of running loans, prefixes with work in flight).
+
+    `held`: box id -> agents whose prefixes the box keeps now. A box with free room costs nothing; else its
+    least valuable unprotected prefixes leave, cheapest first, until the borrower fits (one, where the box
+    holds a prompt per slot). Ties go to `tie` (a stable per-box number), so one agent's asks agree."""
+    best: LoanOffer | None = None
+    best_key: tuple[float, int] | None = None
+    for box in candidates:
+        kept = [a for a in held.get(box.id, ()) if a != borrower]
+        victims = _victims(box, kept, borrower_tokens, tokens_of, value, protected)
+        if victims is None:
+            continue
+        cost = sum(value(a) for a in victims)
+        key = (cost, -tie(box.id))
+        if best_key is None or key < best_key:
+            best, best_key = LoanOffer(box.id, tuple(victims), cost), key
+    return best
+
+
+def _victims(
+    box: BoxSpec,
+    kept: Sequence[str],
+    borrower_tokens: int,
+    tokens_of: Mapping[str, int],
+    value: Callable[[str], float],
+    protected: Collection[str],
+) -> list[str] | None:
+    """Who must leave the box for the borrower to fit (empty: it fits), or None (it cannot)."""
+    count_limit = box.prefix_capacity
+    token_limit = box.cache_capacity_tokens
+    if token_limit is not None and borrower_tokens > token_limit:
+        return None
+    order = sorted((a for a in kept if a not in protected), key=lambda a: (value(a), a))
+    remaining = list(kept)
+    victims: list[str] = []
+
+    def fits() -> bool:
+        if count_limit is not None and len(remaining) + 1 > count_limit:
+            return False
+        used = sum(tokens_of.get(a, 0) for a in remaining)
+        return token_limit is None or used + borrower_tokens <= token_limit
+
+    while not fits():
+        if not order:
+            return None
+        victim = order.pop(0)
+        remaining.remove(victim)
+        victims.append(victim)
+    return victims
+
+
+def apply_loans(
+    moving: Handover,
+    loans: Sequence[Loan],
+    prefix_of: Mapping[str, str],
+    warm: Collection[tuple[str, str]],
+) -> Handover:
+    """The handover with running loans laid over it: each borrower is kept warm on its box (and routed
+    there once warm), and the box no longer keeps or routes the victims. Placement itself is untouched,
+    so when a loan ends the next pass gives the room back."""
+    if not loans:
+        return moving
+    routing = {agent: list(group) for agent, group in moving.routing.items()}
+    keep = {agent: list(group) for agent, group in moving.keep_warm.items()}
+    for loan in loans:
+        for victim in loan.victims:
+            routing[victim] = [b for b in routing.get(victim, []) if b != loan.box_id]
+            keep[victim] = [b for b in keep.get(victim, []) if b != loan.box_id]
+        group = keep.setdefault(loan.borrower, [])
+        if loan.box_id not in group:
+            group.append(loan.box_id)
+        prefix = prefix_of.get(loan.borrower)
+        routed = routing.setdefault(loan.borrower, [])
+        if prefix is not None and (loan.box_id, prefix) in warm and loan.box_id not in routed:
+            routed.append(loan.box_id)
+    return Handover(
+        routing={agent: tuple(group) for agent, group in routing.items()},
+        keep_warm={agent: tuple(group) for agent, group in keep.items()},
+        pending=moving.pending,
+    )
