@@ -118,14 +118,13 @@ async def stream_completion(
             if response.status_code != 200:
                 detail = (await response.aread())[:300].decode(errors="replace")
                 raise TurnFailed(f"HTTP {response.status_code}: {detail}")
-            # read to the end of the stream (it ends right after [DONE]): a `break` would leave
-            # httpx's inner byte generators to the loop's shutdown to close
+            # stop at [DONE] (reading on past it made llama-server 11434 exit on the next request here)
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    continue
+                    break
                 chunk = json.loads(data)
                 if "error" in chunk:
                     raise TurnFailed(f"error chunk: {str(chunk['error'])[:300]}")
