@@ -8,6 +8,7 @@ body (shapes in tests/unit/engine_shapes.py), vLLM's prefix-cache counters, and 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -40,6 +41,7 @@ from warmer.core.capacity import (
     agent_capacity,
     box_capacity,
     ceiling_from_prefill,
+    shortfall,
     uncached_rate_between,
 )
 from warmer.core.hitrate import cache_stats_from_metrics
@@ -300,7 +302,9 @@ def test_service_measures_ceilings_on_the_warm_up_and_reports_headroom_per_agent
         sum(b.headroom_tokens_per_second for b in report.boxes)
     )  # type: ignore[misc]
     assert sales.calls_per_minute == pytest.approx(sales.headroom_tokens_per_second * 60 / 40)  # type: ignore[operator]
-    assert seen == [report]  # the gauges get every report
+    assert seen == [dataclasses.replace(report, shortfall=None)]  # the gauges get every report
+    assert report.shortfall is not None
+    assert (report.shortfall.agents_kept, report.shortfall.agents_without_room) == (1, ())
 
 
 def test_a_restarted_daemon_estimates_the_ceiling_from_the_stored_phase(store_url: str) -> None:
@@ -419,6 +423,18 @@ def test_api_answers_capacity_behind_the_token() -> None:
     assert sales["boxes"] == ["b1"]
     assert sales["headroom_tokens_per_second"] == pytest.approx(5000.0)
     assert sales["calls_per_minute"] == pytest.approx(1500.0)
+    assert body["shortfall"] is None  # no pass yet: nothing known of the demand
+    crowded = dataclasses.replace(
+        report, shortfall=shortfall({"sales": 3000, "tail": 2900}, {"sales": ("b1",)})
+    )
+    services = dataclasses.replace(services, capacity=FixedCapacity(crowded))
+    body = _get(services, {"authorization": "Bearer t"}).json()
+    assert body["shortfall"] == {
+        "agents_wanted": 2,
+        "agents_kept": 1,
+        "agents_without_room": ["tail"],
+        "tokens_without_room": 2900,
+    }
     assert body["boxes"]["b1"]["ceiling_tokens_per_second"] == 10000.0
 
 

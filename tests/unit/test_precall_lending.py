@@ -9,9 +9,17 @@ from __future__ import annotations
 import asyncio
 
 from tests.unit.reconciler_fakes import FakeEngine, FakePrefixSource, agent, route_boxes, settle, world
+from warmer.core.capacity import Shortfall, shortfall
 from warmer.core.model import BoxSpec, EngineKind, WarmState
 from warmer.core.placement import Handover
 from warmer.core.placement.loans import Loan, apply_loans, offer_loan, prefix_value
+from warmer.service.reconciler import Reconciler
+
+
+def missing(reconciler: Reconciler) -> Shortfall:
+    desired = reconciler.snapshot().desired
+    assert desired is not None
+    return shortfall({a: ref.tokens for a, ref in desired.agents.items()}, desired.assignment)
 
 
 def held_ids(engine: FakeEngine, box_id: str) -> set[tuple[int, ...]]:
@@ -42,6 +50,7 @@ def test_a_tail_agent_borrows_the_coolest_room_and_its_ready_answer_is_true(stor
         assert route_boxes(w.reconciler, "hot") == ["b1"]
         assert route_boxes(w.reconciler, "cool") == ["b1"]
         assert route_boxes(w.reconciler, "tail") == []
+        assert missing(w.reconciler).agents_without_room == ("tail",)
 
         answer = await w.reconciler.ensure_warm("tail", wait_seconds=5.0)
         assert (answer.box_id, answer.state, answer.routed) == ("b1", WarmState.WARM, True)
@@ -59,6 +68,8 @@ def test_a_tail_agent_borrows_the_coolest_room_and_its_ready_answer_is_true(stor
         assert route_boxes(w.reconciler, "tail") == ["b1"]
         assert route_boxes(w.reconciler, "cool") == []
         assert prefix_ids("tail") in held_ids(engine, "b1")
+        short = missing(w.reconciler)  # what /v1/capacity says: the victim is the one without room now
+        assert (short.agents_without_room, short.tokens_without_room) == (("cool",), 500)
 
         w.clock.t += 61.0  # the loan ends: placement's choice comes back
         await settle(w.reconciler)

@@ -22,7 +22,8 @@ def router(services: ApiServices) -> APIRouter:
     @routes.get(
         "/v1/capacity",
         summary="Per agent: routed boxes, prefill ceiling, budget (ceiling x safe fraction), uncached "
-        "tokens/s used, headroom tokens/s and the turn-1 calls/minute it carries; per box the same",
+        "tokens/s used, headroom tokens/s and the turn-1 calls/minute it carries; per box the same; the "
+        "agents no box keeps warm (shortfall)",
         dependencies=protected,
         responses={
             200: described(CapacityTable, "Prefill budget per agent group and per box"),
@@ -40,6 +41,7 @@ def router(services: ApiServices) -> APIRouter:
                 "unit": "uncached prompt tokens per second",
                 "agents": {a.agent_id: dataclasses.asdict(a) for a in report.agents},
                 "boxes": {b.box_id: dataclasses.asdict(b) for b in report.boxes},
+                "shortfall": None if report.shortfall is None else dataclasses.asdict(report.shortfall),
             }
         )
 

@@ -109,11 +109,25 @@ class CampaignList(BaseModel):
     campaigns: list[StoredCampaign]
 
 
+class Shortfall(BaseModel):
+    agents_wanted: int
+    agents_kept: int = Field(
+        description="Agents with at least one box keeping their prefix warm (loans count)."
+    )
+    agents_without_room: list[str] = Field(
+        description="Agents the caches cannot hold now: their calls start cold unless room is lent to them."
+    )
+    tokens_without_room: int = Field(description="Prefix tokens those agents need, one copy each.")
+
+
 class CapacityTable(BaseModel):
     safe_fraction: float
     unit: str
     agents: dict[str, AgentCapacity] = Field(description="Agent id -> its group's prefill budget.")
     boxes: dict[str, BoxCapacity] = Field(description="Box id -> its prefill budget.")
+    shortfall: Shortfall | None = Field(
+        description="Demand the caches cannot hold (null before the first pass)."
+    )
 
 
 class FieldProblem(BaseModel):

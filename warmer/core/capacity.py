@@ -275,3 +275,27 @@ def capacity_in_force(
     if in_force is not None and in_force.pool_tokens == read.pool_tokens:
         current = in_force.tokens
     return replace(read, tokens=policy.in_force(current, budget))
+
+
+@dataclass(frozen=True, slots=True)
+class Shortfall:
+    """Demand the fleet's caches cannot hold: agents with a prefix and no box keeping it warm.
+
+    A crowded fleet is the normal case; saying so in tokens and agents tells an operator how much cache
+    is missing, and which agents' calls start cold unless room is lent to them just in time."""
+
+    agents_wanted: int
+    agents_kept: int
+    agents_without_room: tuple[str, ...]
+    tokens_without_room: int  # prefix tokens those agents would need, one copy each
+
+
+def shortfall(prefix_tokens: Mapping[str, int], assignment: Mapping[str, Sequence[str]]) -> Shortfall:
+    """From the agents' prefix sizes and the keep-warm assignment (loans included)."""
+    without = tuple(sorted(agent for agent in prefix_tokens if not assignment.get(agent)))
+    return Shortfall(
+        agents_wanted=len(prefix_tokens),
+        agents_kept=len(prefix_tokens) - len(without),
+        agents_without_room=without,
+        tokens_without_room=sum(prefix_tokens[agent] for agent in without),
+    )

@@ -22,10 +22,12 @@ from warmer.core.capacity import (
     AgentCapacity,
     BoxCapacity,
     PrefillCeiling,
+    Shortfall,
     UncachedRate,
     agent_capacity,
     box_capacity,
     ceiling_from_prefill,
+    shortfall,
 )
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName
@@ -64,6 +66,7 @@ class CapacityReport:
     safe_fraction: float
     boxes: tuple[BoxCapacity, ...]
     agents: tuple[AgentCapacity, ...]
+    shortfall: Shortfall | None = None  # None before the first pass
 
 
 class PrefillCeilings:
@@ -149,7 +152,11 @@ class CapacityService:
         agents = agent_capacity(routed, by_id, uncached_tokens_per_call=per_call)
         if self._observer is not None:
             self._observer.capacity(boxes, agents)
-        return CapacityReport(self._config.safe_fraction, tuple(boxes), tuple(agents))
+        missing = None
+        if snapshot.desired is not None:
+            sizes = {agent: ref.tokens for agent, ref in snapshot.desired.agents.items()}
+            missing = shortfall(sizes, snapshot.desired.assignment)
+        return CapacityReport(self._config.safe_fraction, tuple(boxes), tuple(agents), missing)
 
     async def _ceiling(self, box: BoxSpec, epoch: str | None, snapshot: Snapshot) -> PrefillCeiling | None:
         profile = self._profiles.get(box.model)
