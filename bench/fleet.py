@@ -16,7 +16,9 @@ a time, half-way through. Policies (bench/fleet_policies.py says how each picks 
   and sends its turns to the answered `base_url`, in the answered llama-server `slot` (`id_slot`); the
   bench sends signed `rollout.started` / `rollout.finished` deploy events around each box restart and,
   like a deploy pipeline, restarts a box once warmer reports it drained (at most 30 s);
-- warmer_nowebhook: the same without the webhook (warmer finds the restarts itself).
+- warmer_noslot: the same, but the turns never name a slot (a dialer that ignores the answer's `slot`):
+  llama-server then picks the slot itself (longest common prefix, else least recently used);
+- warmer_nowebhook: the same as warmer without the webhook (warmer finds the restarts itself).
 
 Before traffic every arm gets its warm: warmer its own first warm (the run waits until every agent is
 routed), every other arm one stable-prefix request per agent through its own routing. Each box's
@@ -112,8 +114,10 @@ POLICIES = (
     "precall_prewarm",
     "prefix_hash_prewarm",
     "warmer",
+    "warmer_noslot",
     "warmer_nowebhook",
 )
+WEBHOOK_ARMS = ("warmer", "warmer_noslot")  # warmer arms the bench sends deploy events to
 SETTINGS = {"tight": 0, "roomy": 256}  # --cache-ram MiB per box
 # Prompts a roomy box holds, as its operator would configure it: 256 MiB of host prompt cache keeps ~10
 # prompts of ~3,000 tokens of the testbed model (8 KiB of f16 KV per token; the light model: 1 KiB), so
@@ -289,9 +293,17 @@ def start_warmer(config: Path, log: Path) -> Process:
 
 
 async def wait_for_routes(
-    client: httpx.AsyncClient, api: str, agents: Sequence[str], process: Process, bound_s: float
+    client: httpx.AsyncClient,
+    api: str,
+    agents: Sequence[str],
+    process: Process,
+    bound_s: float,
+    *,
+    want: int | None = None,
 ) -> tuple[float, bool]:
-    """Seconds until /v1/routes lists at least one route for every agent (bounded), and whether it did."""
+    """Seconds until /v1/routes lists at least one route for `want` agents (default: every agent; fewer
+    where the fleet's caches hold fewer prompts than there are agents), bounded, and whether it did."""
+    want = len(agents) if want is None else want
     started = time.monotonic()
     while time.monotonic() - started < bound_s:
         if process.proc.poll() is not None:
@@ -300,7 +312,7 @@ async def wait_for_routes(
             )
         with contextlib.suppress(httpx.HTTPError, ValueError):
             routes = (await client.get(f"{api}/v1/routes", timeout=5.0)).json()["routes"]
-            if all(routes.get(a, {}).get("routes") for a in agents):
+            if sum(1 for a in agents if routes.get(a, {}).get("routes")) >= want:
                 return time.monotonic() - started, True
         await asyncio.sleep(0.5)
     return time.monotonic() - started, False
@@ -620,16 +632,23 @@ async def start_arm(
             agents.directory,
             boxes,
             port,
-            policy_name == "warmer",
+            policy_name in WEBHOOK_ARMS,
             PREFIX_CAPACITY[config.setting],
         )
         daemon = start_warmer(cfg, workdir / "warmer.log")
         processes.append(daemon)
         api = f"http://127.0.0.1:{port}"
-        seconds, warmed = await wait_for_routes(client, api, agents.order, daemon, config.warm_timeout_s)
-        _say(f"{policy_name}: warmer routed every agent: {warmed} after {seconds:.1f} s")
-        pre_traffic = {"warm_seconds": round(seconds, 2), "all_agents_routed": warmed}
-        return WarmerPolicy(policy_name, api, client, config.prewarm_wait_ms), api, pre_traffic
+        room = len(boxes) * (PREFIX_CAPACITY[config.setting] or SLOTS)  # prompts the fleet holds at once
+        want = min(len(agents.order), room)
+        seconds, warmed = await wait_for_routes(
+            client, api, agents.order, daemon, config.warm_timeout_s, want=want
+        )
+        _say(f"{policy_name}: {want} of {len(agents.order)} agents routed: {warmed} after {seconds:.1f} s")
+        pre_traffic = {"warm_seconds": round(seconds, 2), "all_agents_routed": warmed, "agents_routed": want}
+        policy = WarmerPolicy(
+            policy_name, api, client, config.prewarm_wait_ms, send_slot=policy_name != "warmer_noslot"
+        )
+        return policy, api, pre_traffic
     done = await policy.warm_up(agents.order, prefixes)
     seconds = time.monotonic() - started
     _say(f"{policy_name}: one warm request per agent before traffic, {seconds:.1f} s")
@@ -679,7 +698,7 @@ async def run_policy(
             restart_at = config.schedule.arrival_window_s / 2 if config.restart else None
             hook = None
             drained = None
-            if policy_name == "warmer":
+            if policy_name in WEBHOOK_ARMS:
 
                 async def hook(kind: str, box_id: str) -> int:
                     return await send_deploy_event(client, api, kind, box_id)

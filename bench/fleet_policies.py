@@ -304,11 +304,14 @@ class PrefixHashPolicy(Policy):
 class WarmerPolicy(Policy):
     """`POST /v1/prewarm` with the call's id; the answer's base_url serves the call."""
 
-    def __init__(self, name: str, api: str, client: httpx.AsyncClient, wait_ms: int) -> None:
+    def __init__(
+        self, name: str, api: str, client: httpx.AsyncClient, wait_ms: int, *, send_slot: bool = True
+    ) -> None:
         self.name = name
         self.api = api
         self.client = client
         self.wait_ms = wait_ms
+        self.send_slot = send_slot  # False: the turns never name the answer's slot (`id_slot`)
 
     async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
         deadline = time.monotonic() + PREWARM_RETRY_LIMIT_SECONDS
@@ -334,7 +337,7 @@ class WarmerPolicy(Policy):
                     str(data["base_url"]).rstrip("/"),
                     ask.box_id,
                     ask,
-                    slot if isinstance(slot, int) else None,
+                    slot if isinstance(slot, int) and self.send_slot else None,
                 )
             record.asks.append(ask)
             record.failures += 1
