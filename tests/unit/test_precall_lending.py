@@ -221,3 +221,37 @@ def test_loans_are_laid_over_the_handover_and_leave_placement_alone() -> None:
     after_warm = apply_loans(moving, [loan], prefix_of, warm={("b1", "pt")})
     assert after_warm.routing["tail"] == ("b1",)
     assert apply_loans(moving, [], prefix_of, warm=()) is moving
+
+
+def test_a_box_kept_over_its_cap_while_loans_run_sheds_others_never_the_borrower() -> None:
+    """Placement does not count loans: when a rollout moves a new agent onto a box whose room is lent,
+    the new arrival (not warm there yet) leaves before anything warm, and the borrower stays."""
+    moving = Handover(
+        routing={"moved": (), "warm": ("b1",)},
+        keep_warm={"moved": ("b1",), "warm": ("b1",), "victim": ("b1",)},
+        pending={"moved": ("b1",)},
+    )
+    prefix_of = {"moved": "pm", "warm": "pw", "victim": "pv", "tail": "pt"}
+    loan = Loan("b1", "tail", ("victim",), until=100.0)
+    boxes = {"b1": _box("b1", prefixes=2)}
+    laid = apply_loans(
+        moving,
+        [loan],
+        prefix_of,
+        warm={("b1", "pw"), ("b1", "pt")},
+        boxes=boxes,
+        priority={"moved": 9.0, "warm": 1.0},
+    )
+    kept = sorted(agent for agent, group in laid.keep_warm.items() if "b1" in group)
+    assert kept == ["tail", "warm"]  # the busier newcomer leaves: it holds nothing there yet
+    assert laid.routing["tail"] == ("b1",)
+    # when everything on the box is warm, the quietest non-borrower leaves
+    laid = apply_loans(
+        moving,
+        [loan],
+        prefix_of,
+        warm={("b1", "pw"), ("b1", "pt"), ("b1", "pm")},
+        boxes=boxes,
+        priority={"moved": 9.0, "warm": 1.0},
+    )
+    assert sorted(a for a, g in laid.keep_warm.items() if "b1" in g) == ["moved", "tail"]

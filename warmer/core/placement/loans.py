@@ -111,10 +111,19 @@ def apply_loans(
     loans: Sequence[Loan],
     prefix_of: Mapping[str, str],
     warm: Collection[tuple[str, str]],
+    *,
+    boxes: Mapping[str, BoxSpec] | None = None,
+    priority: Mapping[str, float] | None = None,
+    tokens_of: Mapping[str, int] | None = None,
 ) -> Handover:
     """The handover with running loans laid over it: each borrower is kept warm on its box (and routed
     there once warm), and the box no longer keeps or routes the victims. Placement itself is untouched,
-    so when a loan ends the next pass gives the room back."""
+    so when a loan ends the next pass gives the room back.
+
+    Placement did not count the loans, so a box it gave a new agent meanwhile (a neighbour draining for a
+    rollout moves its agents) may now keep more than it holds: the other agents leave it until it fits
+    (`boxes`' caps), those not yet warm there first, then the quietest (`priority`). A borrower never does:
+    warming anything over it would break the answer that sent its call there."""
     if not loans:
         return moving
     routing = {agent: list(group) for agent, group in moving.routing.items()}
@@ -130,8 +139,51 @@ def apply_loans(
         routed = routing.setdefault(loan.borrower, [])
         if prefix is not None and (loan.box_id, prefix) in warm and loan.box_id not in routed:
             routed.append(loan.box_id)
+    if boxes is not None:
+        borrowers = {(loan.box_id, loan.borrower) for loan in loans}
+        for box_id in sorted({loan.box_id for loan in loans}):
+            box = boxes.get(box_id)
+            if box is None:
+                continue
+            for agent in _over_capacity(
+                box, keep, borrowers, prefix_of, warm, priority or {}, tokens_of or {}
+            ):
+                routing[agent] = [b for b in routing.get(agent, []) if b != box_id]
+                keep[agent] = [b for b in keep.get(agent, []) if b != box_id]
     return Handover(
         routing={agent: tuple(group) for agent, group in routing.items()},
         keep_warm={agent: tuple(group) for agent, group in keep.items()},
         pending=moving.pending,
     )
+
+
+def _over_capacity(
+    box: BoxSpec,
+    keep: Mapping[str, Sequence[str]],
+    borrowers: Collection[tuple[str, str]],
+    prefix_of: Mapping[str, str],
+    warm: Collection[tuple[str, str]],
+    priority: Mapping[str, float],
+    tokens_of: Mapping[str, int],
+) -> list[str]:
+    """Agents that must leave `box` for what it keeps to fit, borrowers never among them."""
+    members = sorted(agent for agent, group in keep.items() if box.id in group)
+    count_limit, token_limit = box.prefix_capacity, box.cache_capacity_tokens
+
+    def fits(agents: Sequence[str]) -> bool:
+        if count_limit is not None and len(agents) > count_limit:
+            return False
+        return token_limit is None or sum(tokens_of.get(a, 0) for a in agents) <= token_limit
+
+    def keep_first(agent: str) -> tuple[bool, float, str]:
+        held = (box.id, prefix_of.get(agent, "")) in warm
+        return (held, priority.get(agent, 0.0), agent)
+
+    leaving: list[str] = []
+    movable = sorted((a for a in members if (box.id, a) not in borrowers), key=keep_first)
+    remaining = list(members)
+    while not fits(remaining) and movable:
+        agent = movable.pop(0)
+        remaining.remove(agent)
+        leaving.append(agent)
+    return leaving

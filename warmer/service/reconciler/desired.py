@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 import structlog
 
@@ -34,6 +35,33 @@ from warmer.core.warmstate import is_serving
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import ReconcilerConfig
+
+
+class Overlay(Protocol):
+    """What lays the running loans over a handover (`loans.PrefixLoans.overlay`)."""
+
+    def __call__(
+        self,
+        moving: Handover,
+        prefix_of: Mapping[str, str],
+        warm: Collection[tuple[str, str]],
+        *,
+        boxes: Mapping[str, BoxSpec] | None = None,
+        priority: Mapping[str, float] | None = None,
+        tokens_of: Mapping[str, int] | None = None,
+    ) -> Handover: ...
+
+
+def _no_loans(
+    moving: Handover,
+    prefix_of: Mapping[str, str],
+    warm: Collection[tuple[str, str]],
+    *,
+    boxes: Mapping[str, BoxSpec] | None = None,
+    priority: Mapping[str, float] | None = None,
+    tokens_of: Mapping[str, int] | None = None,
+) -> Handover:
+    return moving
 
 
 def _group_key(config: PlacementConfig, demand: AgentDemand) -> tuple[int, bool]:
@@ -75,9 +103,7 @@ class DesiredState:
         self._state: PlacementState | None = None  # built on the first placement, then edited
         self.volume: Mapping[str, float] = {}  # calls/minute per agent, as the last build saw it
         # running just-in-time loans laid over each handover (`loans.PrefixLoans.overlay`)
-        self.overlay: Callable[[Handover, Mapping[str, str], Collection[tuple[str, str]]], Handover] = (
-            lambda moving, _prefix_of, _warm: moving
-        )
+        self.overlay: Overlay = _no_loans
 
     def build(
         self,
@@ -98,15 +124,12 @@ class DesiredState:
         warm = {(r.box_id, r.prefix_hash) for r in self._book.trusted().values() if is_serving(r)}
         prefix_of = {agent: ref.hash for agent, ref in refs.items()}
         moving = handover(self.routing, target, prefix_of, warm, existing=self._boxes.keys())
-        moving = fit_to_capacity(
-            moving,
-            target,
-            prefix_of,
-            {b.id: b for b in self.placement_boxes()},
-            volume,
-            prefix_tokens={agent: ref.tokens for agent, ref in refs.items()},
+        placed_boxes = {b.id: b for b in self.placement_boxes()}
+        tokens_of = {agent: ref.tokens for agent, ref in refs.items()}
+        moving = fit_to_capacity(moving, target, prefix_of, placed_boxes, volume, prefix_tokens=tokens_of)
+        moving = self.overlay(
+            moving, prefix_of, warm, boxes=placed_boxes, priority=volume, tokens_of=tokens_of
         )
-        moving = self.overlay(moving, prefix_of, warm)
         self.routing = dict(moving.routing)
         self.current = Desired(
             boxes=self._boxes,

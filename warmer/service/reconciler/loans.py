@@ -71,9 +71,25 @@ class PrefixLoans:
         return (box_id, prefix_hash) in self._lent_prefixes
 
     def overlay(
-        self, moving: Handover, prefix_of: Mapping[str, str], warm: Collection[tuple[str, str]]
+        self,
+        moving: Handover,
+        prefix_of: Mapping[str, str],
+        warm: Collection[tuple[str, str]],
+        *,
+        boxes: Mapping[str, BoxSpec] | None = None,
+        priority: Mapping[str, float] | None = None,
+        tokens_of: Mapping[str, int] | None = None,
     ) -> Handover:
-        return apply_loans(moving, self.active(self._clock.now()), prefix_of, warm)
+        """`apply_loans` with the running loans (and, given the boxes, their caps kept)."""
+        return apply_loans(
+            moving,
+            self.active(self._clock.now()),
+            prefix_of,
+            warm,
+            boxes=boxes,
+            priority=priority,
+            tokens_of=tokens_of,
+        )
 
     async def lend(
         self,
@@ -117,15 +133,18 @@ class PrefixLoans:
             if offer is None:
                 return None
             await self._release_victims(offer, epochs[offer.box_id], prefix_of, agent_id)
+            room = capacity.get(offer.box_id)
+            key = (offer.box_id, epochs[offer.box_id], prefix_of.get(agent_id, ""))
+            # the victim's slot, reserved before the warm is spawned; none free means the box holds more
+            # than warmer knows of: lend nothing rather than let the engine pick what to evict
+            if room is not None and room.pinnable_slots and self._book.pin_for(key, room) is None:
+                self._log.warning("no slot free for a lent warm", agent=agent_id, box=offer.box_id)
+                return None
             loan = Loan(offer.box_id, agent_id, offer.victims, now + self.lend_seconds)
             self._loans.append(loan)
             for victim in offer.victims:
                 if victim in prefix_of:
                     self._lent_prefixes[(offer.box_id, prefix_of[victim])] = agent_id
-            if agent_id in prefix_of:  # the victim's slot, reserved before the warm is spawned
-                self._book.pin_for(
-                    (offer.box_id, epochs[offer.box_id], prefix_of[agent_id]), capacity.get(offer.box_id)
-                )
             self._log.info(
                 "room lent just in time",
                 agent=agent_id,

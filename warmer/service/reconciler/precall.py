@@ -223,6 +223,13 @@ class PrecallWarming:
         for agent, group in moving.keep_warm.items():
             for box_id in group:
                 held.setdefault(box_id, []).append(agent)
+        # ...and whatever holds a slot there now (a warm the last pass had not placed yet): room that
+        # looks free but is not would let the engine evict a prefix still vouched for
+        agent_of = {ref.hash: agent for agent, ref in refs.items()}
+        for box_id, epoch, prefix_hash in self._book.pins:
+            pinned = agent_of.get(prefix_hash)
+            if pinned is not None and live[box_id].epoch == epoch and pinned not in held.get(box_id, []):
+                held.setdefault(box_id, []).append(pinned)
         lent = await self._loans.lend(
             agent_id,
             tokens=computed.prefix.token_count,
