@@ -90,6 +90,13 @@ def test_headroom_falls_as_uncached_load_rises(
         assert agent_idle["calls_per_minute"] == pytest.approx(
             max(0.0, agent_idle["headroom_tokens_per_second"]) * 60 / agent_idle["uncached_tokens_per_call"]
         )
+        # one agent, two slots: everything fits (the README's example answer)
+        assert report["shortfall"] == {
+            "agents_wanted": 1,
+            "agents_kept": 1,
+            "agents_without_room": [],
+            "tokens_without_room": 0,
+        }
 
         def quiet() -> bool:
             """Two windows in a row after the warm-up's own prefills, with no traffic but health checks.
