@@ -12,7 +12,7 @@ from tests.unit.reconciler_fakes import FakeEngine, FakePrefixSource, agent, rou
 from warmer.core.capacity import Shortfall, shortfall
 from warmer.core.model import BoxSpec, EngineKind, WarmState
 from warmer.core.placement import Handover
-from warmer.core.placement.loans import Loan, apply_loans, offer_loan, prefix_value
+from warmer.core.placement.loans import LentBoxCaps, Loan, apply_loans, offer_loan, prefix_value
 from warmer.service.reconciler import Reconciler
 
 
@@ -234,24 +234,11 @@ def test_a_box_kept_over_its_cap_while_loans_run_sheds_others_never_the_borrower
     prefix_of = {"moved": "pm", "warm": "pw", "victim": "pv", "tail": "pt"}
     loan = Loan("b1", "tail", ("victim",), until=100.0)
     boxes = {"b1": _box("b1", prefixes=2)}
-    laid = apply_loans(
-        moving,
-        [loan],
-        prefix_of,
-        warm={("b1", "pw"), ("b1", "pt")},
-        boxes=boxes,
-        priority={"moved": 9.0, "warm": 1.0},
-    )
+    caps = LentBoxCaps(boxes, priority={"moved": 9.0, "warm": 1.0})
+    laid = apply_loans(moving, [loan], prefix_of, {("b1", "pw"), ("b1", "pt")}, caps)
     kept = sorted(agent for agent, group in laid.keep_warm.items() if "b1" in group)
     assert kept == ["tail", "warm"]  # the busier newcomer leaves: it holds nothing there yet
     assert laid.routing["tail"] == ("b1",)
     # when everything on the box is warm, the quietest non-borrower leaves
-    laid = apply_loans(
-        moving,
-        [loan],
-        prefix_of,
-        warm={("b1", "pw"), ("b1", "pt"), ("b1", "pm")},
-        boxes=boxes,
-        priority={"moved": 9.0, "warm": 1.0},
-    )
+    laid = apply_loans(moving, [loan], prefix_of, {("b1", "pw"), ("b1", "pt"), ("b1", "pm")}, caps)
     assert sorted(a for a, g in laid.keep_warm.items() if "b1" in g) == ["moved", "tail"]

@@ -14,7 +14,7 @@ Value of a resident prefix = calls per minute × prefix tokens: the prefill it s
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from warmer.core.model import BoxSpec
 from warmer.core.placement.handover import Handover
@@ -106,15 +106,22 @@ def _victims(
     return victims
 
 
+@dataclass(frozen=True, slots=True)
+class LentBoxCaps:
+    """What keeps a lent box within what it holds: placement's view of the boxes (their caps), each
+    agent's priority (calls per minute) and prefix tokens."""
+
+    boxes: Mapping[str, BoxSpec]
+    priority: Mapping[str, float] = field(default_factory=dict)
+    tokens_of: Mapping[str, int] = field(default_factory=dict)
+
+
 def apply_loans(
     moving: Handover,
     loans: Sequence[Loan],
     prefix_of: Mapping[str, str],
     warm: Collection[tuple[str, str]],
-    *,
-    boxes: Mapping[str, BoxSpec] | None = None,
-    priority: Mapping[str, float] | None = None,
-    tokens_of: Mapping[str, int] | None = None,
+    caps: LentBoxCaps | None = None,
 ) -> Handover:
     """The handover with running loans laid over it: each borrower is kept warm on its box (and routed
     there once warm), and the box no longer keeps or routes the victims. Placement itself is untouched,
@@ -122,7 +129,7 @@ def apply_loans(
 
     Placement did not count the loans, so a box it gave a new agent meanwhile (a neighbour draining for a
     rollout moves its agents) may now keep more than it holds: the other agents leave it until it fits
-    (`boxes`' caps), those not yet warm there first, then the quietest (`priority`). A borrower never does:
+    (`caps`), those not yet warm there first, then the quietest. A borrower never does:
     warming anything over it would break the answer that sent its call there."""
     if not loans:
         return moving
@@ -139,15 +146,13 @@ def apply_loans(
         routed = routing.setdefault(loan.borrower, [])
         if prefix is not None and (loan.box_id, prefix) in warm and loan.box_id not in routed:
             routed.append(loan.box_id)
-    if boxes is not None:
+    if caps is not None:
         borrowers = {(loan.box_id, loan.borrower) for loan in loans}
         for box_id in sorted({loan.box_id for loan in loans}):
-            box = boxes.get(box_id)
+            box = caps.boxes.get(box_id)
             if box is None:
                 continue
-            for agent in _over_capacity(
-                box, keep, borrowers, prefix_of, warm, priority or {}, tokens_of or {}
-            ):
+            for agent in _over_capacity(box, keep, borrowers, prefix_of, warm, caps.priority, caps.tokens_of):
                 routing[agent] = [b for b in routing.get(agent, []) if b != box_id]
                 keep[agent] = [b for b in keep.get(agent, []) if b != box_id]
     return Handover(

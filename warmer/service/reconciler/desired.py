@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol
 
 import structlog
 
@@ -30,38 +29,12 @@ from warmer.core.placement import (
     fit_to_capacity,
     handover,
 )
+from warmer.core.placement.loans import LentBoxCaps
 from warmer.core.planner import Desired, PrefixRef, WarmupStatus
 from warmer.core.warmstate import is_serving
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import ReconcilerConfig
-
-
-class Overlay(Protocol):
-    """What lays the running loans over a handover (`loans.PrefixLoans.overlay`)."""
-
-    def __call__(
-        self,
-        moving: Handover,
-        prefix_of: Mapping[str, str],
-        warm: Collection[tuple[str, str]],
-        *,
-        boxes: Mapping[str, BoxSpec] | None = None,
-        priority: Mapping[str, float] | None = None,
-        tokens_of: Mapping[str, int] | None = None,
-    ) -> Handover: ...
-
-
-def _no_loans(
-    moving: Handover,
-    prefix_of: Mapping[str, str],
-    warm: Collection[tuple[str, str]],
-    *,
-    boxes: Mapping[str, BoxSpec] | None = None,
-    priority: Mapping[str, float] | None = None,
-    tokens_of: Mapping[str, int] | None = None,
-) -> Handover:
-    return moving
 
 
 def _group_key(config: PlacementConfig, demand: AgentDemand) -> tuple[int, bool]:
@@ -103,7 +76,9 @@ class DesiredState:
         self._state: PlacementState | None = None  # built on the first placement, then edited
         self.volume: Mapping[str, float] = {}  # calls/minute per agent, as the last build saw it
         # running just-in-time loans laid over each handover (`loans.PrefixLoans.overlay`)
-        self.overlay: Overlay = _no_loans
+        self.overlay: Callable[
+            [Handover, Mapping[str, str], Collection[tuple[str, str]], LentBoxCaps | None], Handover
+        ] = lambda moving, _prefix_of, _warm, _caps: moving
 
     def build(
         self,
@@ -127,9 +102,7 @@ class DesiredState:
         placed_boxes = {b.id: b for b in self.placement_boxes()}
         tokens_of = {agent: ref.tokens for agent, ref in refs.items()}
         moving = fit_to_capacity(moving, target, prefix_of, placed_boxes, volume, prefix_tokens=tokens_of)
-        moving = self.overlay(
-            moving, prefix_of, warm, boxes=placed_boxes, priority=volume, tokens_of=tokens_of
-        )
+        moving = self.overlay(moving, prefix_of, warm, LentBoxCaps(placed_boxes, volume, tokens_of))
         self.routing = dict(moving.routing)
         self.current = Desired(
             boxes=self._boxes,

@@ -16,7 +16,14 @@ import structlog
 
 from warmer.core.model import BoxCapacity, BoxSpec, WarmState
 from warmer.core.placement import Handover, stable_seed
-from warmer.core.placement.loans import Loan, LoanOffer, apply_loans, offer_loan, prefix_value
+from warmer.core.placement.loans import (
+    LentBoxCaps,
+    Loan,
+    LoanOffer,
+    apply_loans,
+    offer_loan,
+    prefix_value,
+)
 from warmer.core.warmstate import IllegalTransition, Released, RetryBackoff, transition
 from warmer.ports import Clock
 from warmer.service.reconciler.records import WarmBook
@@ -75,21 +82,10 @@ class PrefixLoans:
         moving: Handover,
         prefix_of: Mapping[str, str],
         warm: Collection[tuple[str, str]],
-        *,
-        boxes: Mapping[str, BoxSpec] | None = None,
-        priority: Mapping[str, float] | None = None,
-        tokens_of: Mapping[str, int] | None = None,
+        caps: LentBoxCaps | None = None,
     ) -> Handover:
-        """`apply_loans` with the running loans (and, given the boxes, their caps kept)."""
-        return apply_loans(
-            moving,
-            self.active(self._clock.now()),
-            prefix_of,
-            warm,
-            boxes=boxes,
-            priority=priority,
-            tokens_of=tokens_of,
-        )
+        """`apply_loans` with the running loans (and, given `caps`, each lent box kept within them)."""
+        return apply_loans(moving, self.active(self._clock.now()), prefix_of, warm, caps)
 
     async def lend(
         self,
