@@ -242,3 +242,41 @@ def test_a_box_kept_over_its_cap_while_loans_run_sheds_others_never_the_borrower
     # when everything on the box is warm, the quietest non-borrower leaves
     laid = apply_loans(moving, [loan], prefix_of, {("b1", "pw"), ("b1", "pt"), ("b1", "pm")}, caps)
     assert sorted(a for a, g in laid.keep_warm.items() if "b1" in g) == ["moved", "tail"]
+
+
+def test_a_prefix_just_answered_ready_never_leaves_and_a_borrower_is_protected_only_briefly(
+    store_url: str,
+) -> None:
+    """A ready answer sends a call whose first turn has not reached the box yet: for
+    `precall_protect_seconds` (10 s) that prefix stays, even when it is the cheapest to lose; so does a
+    borrower. After that both are ordinary residents again."""
+
+    async def scenario() -> None:
+        engine = FakeEngine(["b1"])
+        engine.boxes["b1"].holds = 2
+        volume = {"hot": 10.0, "cool": 1.0, "t1": 0.5, "t2": 0.4}
+        w = world(
+            store_url, ("b1",), ("hot", "cool", "t1", "t2"), engine=engine, min_group=1, demand=lambda: volume
+        )
+        await settle(w.reconciler)
+        assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed  # its call is on its way
+        answer = await w.reconciler.ensure_warm("t1", wait_seconds=5.0)
+        assert answer.routed
+        held = held_ids(engine, "b1")
+        assert prefix_ids("cool") in held  # protected: the busier unasked one left instead
+        assert prefix_ids("hot") not in held
+        # within the window: both residents are protected, so t2 cannot borrow and is answered cold
+        w.clock.t += 5.0
+        assert not (await w.reconciler.ensure_warm("t2", wait_seconds=0.0)).routed
+        # past it: the borrower is the cheapest resident (0.5/min) and gives its room to t2
+        w.clock.t += 6.0
+        answer = await w.reconciler.ensure_warm("t2", wait_seconds=5.0)
+        assert answer.routed
+        held = held_ids(engine, "b1")
+        assert prefix_ids("t2") in held
+        assert prefix_ids("cool") in held
+        assert prefix_ids("t1") not in held
+        await settle(w.reconciler, rounds=2)
+        assert route_boxes(w.reconciler, "t1") == []
+
+    asyncio.run(scenario())

@@ -320,6 +320,16 @@ class DialerSettings(Section):
             "0: such asks are answered cold on a stand-in box."
         ),
     )
+    precall_protect_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "Seconds after a pre-call answer during which the answered agent's prefix never leaves its box "
+            "for another agent's just-in-time room (the call's first turn is on its way). 10 s covers "
+            "dial-and-answer on most calls; longer keeps more prefixes from being lent, shorter risks a "
+            "first turn that finds its prefix gone."
+        ),
+    )
     volume_window_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -8,7 +8,8 @@ being evicted), the borrower is protected for the loan's length (about a call), 
 placement takes the room back. The same shape works for slot engines (one prompt per slot: the victim's
 slot is lent) and for token pools (victims leave until the borrower's tokens fit).
 
-Value of a resident prefix = calls per minute × prefix tokens: the prefill it saves a minute.
+Value of a resident prefix = calls per minute × prefix tokens: the prefill it saves a minute. A prefix
+whose ready answer was just given (its call's first turn is on its way) never leaves, whatever it is worth.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from warmer.core.placement.handover import Handover
 
 @dataclass(frozen=True, slots=True)
 class Loan:
-    """`borrower` holds room on `box_id` until `until` (unix seconds); `victims` gave it up."""
+    """`borrower` holds room on `box_id` until `until` (unix seconds); `victims` gave it up. Until
+    `protected_until` (about the time from the answer to the call's first turn) no later loan may take
+    it back; after that it is a resident like any other, the cheapest to leave when it is the quietest."""
 
     box_id: str
     borrower: str
     victims: tuple[str, ...]
     until: float
+    protected_until: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

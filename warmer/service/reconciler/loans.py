@@ -38,12 +38,14 @@ class PrefixLoans:
         book: WarmBook,
         clock: Clock,
         lend_seconds: float,
+        protect_seconds: float,
         retry: RetryBackoff,
         log: structlog.stdlib.BoundLogger,
     ) -> None:
         self._book = book
         self._clock = clock
         self.lend_seconds = lend_seconds  # 0: never lend (a tail agent's ask is answered cold)
+        self.protect_seconds = min(protect_seconds, lend_seconds)  # a borrower's turn 1 is on its way
         self._retry = retry
         self._log = log
         self._loans: list[Loan] = []
@@ -100,16 +102,18 @@ class PrefixLoans:
         volume: Mapping[str, float],
         capacity: Mapping[str, BoxCapacity],
         busy: Callable[[str, str], bool],
+        answered: Collection[str] = (),
     ) -> str | None:
         """Lend the agent room on the cheapest candidate box; the box id, or None (nowhere to lend).
 
         `held`: box -> agents kept there (running loans already laid over it); `busy(box, prefix)`: work
-        in flight there (such a prefix cannot leave now)."""
+        in flight there (such a prefix cannot leave now); `answered`: agents given an answer within the
+        protection window (their first turns are on their way: they never leave)."""
         async with self._lock:
             now = self._clock.now()
             if not self.enabled or self.boxes_of(agent_id):
                 return None
-            borrowers = {loan.borrower for loan in self.active(now)}
+            borrowers = {loan.borrower for loan in self.active(now) if loan.protected_until > now}
             busy_agents = {
                 agent
                 for box in candidates
@@ -123,7 +127,7 @@ class PrefixLoans:
                 held,
                 tokens_of,
                 lambda a: prefix_value(volume.get(a, 0.0), tokens_of.get(a, 0)),
-                borrowers | busy_agents,
+                borrowers | busy_agents | set(answered),
                 lambda box_id: stable_seed("lend", agent_id, box_id),
             )
             if offer is None:
@@ -136,7 +140,13 @@ class PrefixLoans:
             if room is not None and room.pinnable_slots and self._book.pin_for(key, room) is None:
                 self._log.warning("no slot free for a lent warm", agent=agent_id, box=offer.box_id)
                 return None
-            loan = Loan(offer.box_id, agent_id, offer.victims, now + self.lend_seconds)
+            loan = Loan(
+                offer.box_id, agent_id, offer.victims, now + self.lend_seconds, now + self.protect_seconds
+            )
+            # a victim that was itself a borrower there (past its protection) gives its loan up
+            gone = {(offer.box_id, victim) for victim in offer.victims}
+            self._loans = [old for old in self._loans if (old.box_id, old.borrower) not in gone]
+            self._lent_prefixes = {k: b for k, b in self._lent_prefixes.items() if (k[0], b) not in gone}
             self._loans.append(loan)
             for victim in offer.victims:
                 if victim in prefix_of:

@@ -129,7 +129,12 @@ def build_parts(
         log=log,
     )
     loans = PrefixLoans(
-        book=book, clock=clock, lend_seconds=config.precall_lend_seconds, retry=config.planner.retry, log=log
+        book=book,
+        clock=clock,
+        lend_seconds=config.precall_lend_seconds,
+        protect_seconds=config.precall_protect_seconds,
+        retry=config.planner.retry,
+        log=log,
     )
     desired.overlay = loans.overlay
     evictions = EvictionReactions(

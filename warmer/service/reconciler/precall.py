@@ -75,6 +75,7 @@ class PrecallWarming:
         self._joining_routes_for = joining_routes_for
         self._lent_routes_for = lent_routes_for  # (agent, boxes lent to it) -> its routes there
         self._loans = loans
+        self._answered: dict[str, float] = {}  # agent -> when an ask of it was last answered with a box
         self._poke = poke
         self._changed = changed  # the event the next pass sets
         self._owns = owns  # engine work only on boxes this replica holds the lease of
@@ -90,7 +91,9 @@ class PrecallWarming:
         while True:
             result, waiter, homeless = self._step(agent_id)
             if result.routed:
-                return result  # warm: nothing for the loop to do, so no pass (a pass per ask is CPU per call)
+                return self._note(
+                    result
+                )  # warm: nothing for the loop to do, so no pass (a pass per ask is CPU per call)
             if homeless and await self._lend(agent_id):
                 continue  # room was lent: the next look starts (or joins) the warm there
             if not woken:
@@ -98,7 +101,7 @@ class PrecallWarming:
                 woken = True
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
-                return result
+                return self._note(result)
             if waiter is None:  # wake on the next pass
                 waiter = asyncio.ensure_future(self._changed().wait())
                 owned = True
@@ -114,7 +117,7 @@ class PrecallWarming:
             if owned:
                 waiter.cancel()
             if not done:
-                return self._step(agent_id)[0]
+                return self._note(self._step(agent_id)[0])
 
     def _step(self, agent_id: str) -> tuple[EnsureResult, asyncio.Future[Any] | None, bool]:
         """One look at the agent: (answer now, what to wait for next (None = the next change), whether
@@ -193,6 +196,19 @@ class PrecallWarming:
             return first, None, False
         return self._cold_stand_in(agent_id, prefix_hash), None, True
 
+    def _note(self, result: EnsureResult) -> EnsureResult:
+        """An answer that sends a call to a box where the prefix is (or is being) warmed: its first turn
+        is on its way, so the prefix stays there for the protection window."""
+        if result.routed or result.state is WarmState.WARMING:
+            self._answered[result.agent_id] = self._clock.now()
+        return result
+
+    def _answered_within(self, seconds: float) -> frozenset[str]:
+        """Agents answered ready this recently: their calls' first turns may not have reached the box."""
+        now = self._clock.now()
+        self._answered = {agent: at for agent, at in self._answered.items() if now - at <= seconds}
+        return frozenset(self._answered)
+
     async def _lend(self, agent_id: str) -> bool:
         """Room for an agent no box of whose group can take its call, on the box of its model where the
         prefixes that leave for it save the least prefill (`warmer.core.placement.loans`)."""
@@ -241,6 +257,7 @@ class PrecallWarming:
             volume=self._desired.volume,
             capacity=self._health.capacity,
             busy=lambda box_id, prefix_hash: (box_id, prefix_hash) in self._runner.in_flight,
+            answered=self._answered_within(self._loans.protect_seconds),
         )
         if lent is None:
             return False

@@ -110,6 +110,9 @@ class ReconcilerConfig:
     # an ask for an agent without a box that can take its call borrows room this long, just in time
     # (setting: dialer.precall_lend_seconds; 0: such asks are answered cold)
     precall_lend_seconds: float = 60.0
+    # ...and a prefix whose ready answer was given this recently never leaves for another agent's loan:
+    # its call's first turn is on its way (setting: dialer.precall_protect_seconds)
+    precall_protect_seconds: float = 10.0
     # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
     # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
     pending_prompt_timeout_seconds: float = 600.0
@@ -132,6 +135,8 @@ class ReconcilerConfig:
             raise ValueError("precall_hold_seconds must be > 0")
         if self.precall_lend_seconds < 0:
             raise ValueError("precall_lend_seconds must be >= 0")
+        if self.precall_protect_seconds < 0:
+            raise ValueError("precall_protect_seconds must be >= 0")
         if self.capacity_poll_seconds < 0:
             raise ValueError("capacity_poll_seconds must be >= 0")
 
