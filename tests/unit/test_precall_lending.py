@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.unit.reconciler_fakes import FakeEngine, FakePrefixSource, agent, route_boxes, settle, world
+from tests.unit.reconciler_fakes import FakeEngine, FakePrefixSource, World, agent, route_boxes, settle, world
 from warmer.core.capacity import Shortfall, shortfall
 from warmer.core.model import BoxSpec, EngineKind, WarmState
 from warmer.core.placement import Handover
 from warmer.core.placement.loans import LentBoxCaps, Loan, apply_loans, offer_loan, prefix_value
 from warmer.service.reconciler import Reconciler
+
+
+def one_box_world(store_url: str, volume: dict[str, float], *, pinnable: bool = False) -> World:
+    """One box holding two prompts (slots that requests may name, when `pinnable`), the agents of
+    `volume` at those calls per minute, one box each at most."""
+    engine = FakeEngine(["b1"])
+    engine.boxes["b1"].holds = 2
+    engine.boxes["b1"].pinnable = pinnable
+    return world(store_url, ("b1",), tuple(volume), engine=engine, min_group=1, demand=lambda: volume)
 
 
 def missing(reconciler: Reconciler) -> Shortfall:
@@ -40,12 +49,9 @@ def test_a_tail_agent_borrows_the_coolest_room_and_its_ready_answer_is_true(stor
     nothing warms the victim back; when it ends placement takes the room back."""
 
     async def scenario() -> None:
-        engine = FakeEngine(["b1"])
-        engine.boxes["b1"].holds = 2
         volume = {"hot": 10.0, "cool": 1.0, "tail": 0.5}
-        w = world(
-            store_url, ("b1",), ("hot", "cool", "tail"), engine=engine, min_group=1, demand=lambda: volume
-        )
+        w = one_box_world(store_url, volume)
+        engine = w.engine
         await settle(w.reconciler)
         assert route_boxes(w.reconciler, "hot") == ["b1"]
         assert route_boxes(w.reconciler, "cool") == ["b1"]
@@ -83,12 +89,9 @@ def test_a_tail_agent_borrows_the_coolest_room_and_its_ready_answer_is_true(stor
 
 def test_a_borrower_is_not_evicted_by_the_next_tail_ask_while_its_loan_runs(store_url: str) -> None:
     async def scenario() -> None:
-        engine = FakeEngine(["b1"])
-        engine.boxes["b1"].holds = 2
         volume = {"hot": 10.0, "cool": 1.0, "t1": 0.5, "t2": 0.5}
-        w = world(
-            store_url, ("b1",), ("hot", "cool", "t1", "t2"), engine=engine, min_group=1, demand=lambda: volume
-        )
+        w = one_box_world(store_url, volume)
+        engine = w.engine
         await settle(w.reconciler)
         first = await w.reconciler.ensure_warm("t1", wait_seconds=5.0)
         assert first.routed
@@ -116,13 +119,9 @@ def test_on_pinnable_slots_the_borrower_is_warmed_in_the_victims_slot_and_the_an
     store_url: str,
 ) -> None:
     async def scenario() -> None:
-        engine = FakeEngine(["b1"])
-        engine.boxes["b1"].holds = 2
-        engine.boxes["b1"].pinnable = True
         volume = {"hot": 10.0, "cool": 1.0, "tail": 0.5}
-        w = world(
-            store_url, ("b1",), ("hot", "cool", "tail"), engine=engine, min_group=1, demand=lambda: volume
-        )
+        w = one_box_world(store_url, volume, pinnable=True)
+        engine = w.engine
         await settle(w.reconciler)
         cool_slot = w.reconciler.prefix_slot("cool", "b1")
         hot_slot = w.reconciler.prefix_slot("hot", "b1")
@@ -252,12 +251,9 @@ def test_a_prefix_just_answered_ready_never_leaves_and_a_borrower_is_protected_o
     borrower. After that both are ordinary residents again."""
 
     async def scenario() -> None:
-        engine = FakeEngine(["b1"])
-        engine.boxes["b1"].holds = 2
         volume = {"hot": 10.0, "cool": 1.0, "t1": 0.5, "t2": 0.4}
-        w = world(
-            store_url, ("b1",), ("hot", "cool", "t1", "t2"), engine=engine, min_group=1, demand=lambda: volume
-        )
+        w = one_box_world(store_url, volume)
+        engine = w.engine
         await settle(w.reconciler)
         assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed  # its call is on its way
         answer = await w.reconciler.ensure_warm("t1", wait_seconds=5.0)
