@@ -124,6 +124,9 @@ class Desired:
     campaigns: Sequence[Campaign] = ()
     precall: frozenset[str] = frozenset()  # agents with a pending pre-call ask
     last_activity: Mapping[str, float] = field(default_factory=dict)
+    # the boxes placement could give agents to when this was built (None: not tracked). A box outside
+    # it has nothing assigned *yet* (it was restarting), which is not the same as needing nothing.
+    placed: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
