@@ -506,6 +506,7 @@ async def run_call(
                     cached_tokens=result.cached_tokens,
                     processed_tokens=result.processed_tokens,
                     box_id=target.box_id,
+                    slot=target.slot,
                 )
             )
             if turn == 1:

@@ -33,6 +33,7 @@ class TurnRecord:
     cached_tokens: int
     processed_tokens: int  # timings.prompt_n: prompt tokens the engine computed
     box_id: str | None  # the box it went to, when the policy knows it (warmer); None behind a router
+    slot: int | None = None  # the llama-server slot it named (`id_slot`), when the policy named one
 
 
 @dataclass
@@ -46,6 +47,7 @@ class AskRecord:
     ready: bool | None = None
     waited_ms: float | None = None
     detail: str = ""
+    slot: int | None = None  # the slot the answer named (sent as `id_slot` unless the arm ignores it)
 
 
 @dataclass

@@ -333,6 +333,7 @@ class WarmerPolicy(Policy):
                 ask.waited_ms = data.get("waited_ms")
                 record.asks.append(ask)
                 slot = data.get("slot")
+                ask.slot = slot if isinstance(slot, int) else None
                 return Target(
                     str(data["base_url"]).rstrip("/"),
                     ask.box_id,
