@@ -10,7 +10,6 @@ import pytest
 
 from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, TickClock
 from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix, WarmRecord, WarmState
-from warmer.core.plan_actions import WarmPrefix, WarmReason
 from warmer.core.planner import WarmKey
 from warmer.core.residency import PrefixState
 from warmer.core.warmstate import RetryBackoff
@@ -159,13 +158,13 @@ def test_lost_events_make_every_warm_prefix_of_the_box_due_for_a_touch() -> None
     assert rig.rechecked == []
 
 
-def test_a_verified_prefix_is_followed_and_a_due_keepalive_is_renewed_from_the_events() -> None:
-    def warm(reason: WarmReason) -> WarmPrefix:
-        return WarmPrefix("v1", "e1", PREFIX.hash, 10, 1, reason, ("sales",))
+def test_a_verified_prefix_is_followed_and_the_horizon_is_measured_from_other_blocks() -> None:
+    """Residency never replaces a keepalive touch (the action runner has no such path any more); what the
+    events give the planner is how long other prefixes' unused blocks last before eviction."""
 
-    async def go() -> tuple[object, object, list[bool], Rig]:
+    async def go() -> tuple[object, object, dict[str, float], dict[str, float], Rig]:
         publisher, cache = FakePublisher(), FakeCache()
-        rig = make_rig(FakeBook().add(record(PREFIX.hash, WarmState.STALE)))
+        rig = make_rig(FakeBook().add(record(PREFIX.hash, WarmState.WARM)))
         watcher = CacheEventWatcher(
             port=FakePort(publisher),
             listener=rig.reactions,
@@ -178,27 +177,28 @@ def test_a_verified_prefix_is_followed_and_a_due_keepalive_is_renewed_from_the_e
         watcher.sync_boxes([BOX])
         await asyncio.sleep(0)
         await publisher.settled()
-        publisher.publish(cache.store(PROMPT))
+        publisher.publish(cache.store(PROMPT))  # batch ts 0
         await publisher.settled()
-        not_yet = await rig.reactions.renewed(warm(WarmReason.KEEPALIVE))  # not followed yet
         rig.reactions.verified(BOX, PREFIX)
         await idle(rig.reactions)
         resident = rig.reactions.still_resident("v1", PREFIX.hash)
-        answers = [
-            not_yet,
-            await rig.reactions.renewed(warm(WarmReason.ASSIGNED)),  # not a keepalive: sent as planned
-            await rig.reactions.renewed(warm(WarmReason.KEEPALIVE)),
-        ]
+        unmeasured = rig.reactions.horizons()
+        others = [tuple(range(1000 + 8 * i, 1008 + 8 * i)) for i in range(8)]
+        for other in others:
+            publisher.publish(cache.store(other))
+        for other in others:  # each other block evicted 8 batches after it was stored
+            publisher.publish(cache.evict(other, 0))
+        await publisher.settled()
+        measured = rig.reactions.horizons()
         await watcher.close()
-        return before, resident, answers, rig
+        return before, resident, unmeasured, measured, rig
 
-    before, resident, answers, rig = asyncio.run(go())
+    before, resident, unmeasured, measured, rig = asyncio.run(go())
     assert before is None
     assert getattr(resident, "state", None) is PrefixState.RESIDENT
-    assert answers == [False, False, True]
-    [(renewed, why, previous)] = rig.book.writes
-    assert (renewed.state, renewed.verified_cached_tokens, previous) == (WarmState.WARM, 8, WarmState.STALE)
-    assert "no keepalive touch" in why
+    assert unmeasured == {}
+    assert measured == {"v1": 8.0}
+    assert rig.book.writes == []  # resident: nothing to write, and no renewal in place of a touch
     assert rig.pokes == []
 
 

@@ -163,6 +163,28 @@ def test_keepalive_jitter_differs_between_prefixes_and_respects_overrides() -> N
     assert 48.0 <= override <= 60.0
 
 
+def test_a_measured_eviction_horizon_brings_the_touch_just_inside_it() -> None:
+    """Engines evict least recently used first (vLLM `FreeKVCacheBlockQueue`): a prefix left untouched longer
+    than other blocks last is gone, so the touch comes inside the measured horizon, not at the profile's
+    240 s; never shorter than the floor, never later than the profile."""
+    cfg = config(keepalive_jitter=0.1, horizon_margin=0.2, keepalive_floor_seconds=5.0)
+    want = desired({"a": ("b1",)})
+    record = warm("b1", "a", verified_at=1000.0)
+    due = keepalive_due_at(record, PLAIN, cfg, horizon=50.0)
+    assert due is not None
+    assert 1000.0 + 40.0 * 0.9 <= due <= 1000.0 + 40.0  # 50 s horizon, touched 20% inside it
+    seen = Observed(boxes={"b1": up()}, warm=records(record), keepalive_horizons={"b1": 50.0})
+    assert plan(want, seen, due - 0.001, cfg).actions == ()
+    touched = warms(plan(want, seen, due, cfg).actions)
+    assert [(w.prefix_hash, w.reason) for w in touched] == [("p-a", WarmReason.KEEPALIVE)]
+    unmeasured = Observed(boxes={"b1": up()}, warm=records(record))
+    assert plan(want, unmeasured, due, cfg).actions == ()  # without events: the profile's 240 s
+    floor = keepalive_due_at(record, PLAIN, replace(cfg, keepalive_jitter=0.0), horizon=1.0)
+    assert floor == 1005.0
+    late = keepalive_due_at(record, PLAIN, replace(cfg, keepalive_jitter=0.0), horizon=10_000.0)
+    assert late == 1240.0
+
+
 def test_stale_is_touched_without_marking_again() -> None:
     want = desired({"a": ("b1",)})
     stale = warm("b1", "a", verified_at=0.0, state=WarmState.STALE)

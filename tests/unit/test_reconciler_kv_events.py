@@ -1,5 +1,6 @@
-"""The reconciler wired to a box's KV cache events: the re-warm follows the engine's removal, and a due
-keepalive of a prefix the events say is held sends nothing.
+"""The reconciler wired to a box's KV cache events: the re-warm follows the engine's removal, and a
+keepalive touch of a prefix the events say is held is still sent, just inside the eviction horizon the
+events measure.
 
 The real Reconciler over the fake engine (tests/unit/reconciler_fakes.py); the events come from the fake
 publisher (tests/unit/kv_cache_fakes.py), published as the engine would after warmer's own warm.
@@ -128,26 +129,32 @@ def test_an_eviction_another_replica_must_record_is_left_to_it(store_url: str) -
     run(scenario, store_url)
 
 
-def test_a_due_keepalive_of_a_prefix_the_events_hold_sends_nothing(store_url: str) -> None:
+def test_a_held_prefix_is_touched_inside_the_horizon_the_events_measure(store_url: str) -> None:
+    """vLLM evicts least recently used first: "still resident" is no reason to skip a touch. Other
+    prefixes' blocks stored and evicted 8 s later (the fake engine's clock: one second per batch) put the
+    box's horizon at 8 s, so the held prefix is touched after 0.8 x 8 s (jittered below), long before the
+    profile's keepalive."""
+
     async def scenario(w: World) -> None:
-        watcher, publisher = followed(w)
-        await asyncio.sleep(0)
+        watcher, publisher, cache, _ = await warmed_and_stored(w)
+        sent = len(w.engine.warms("b1"))
+        others = [list(range(5000 + 8 * i, 5008 + 8 * i)) for i in range(8)]
+        for other in others:
+            publisher.publish(cache.store(other))
+        for other in others:
+            publisher.publish(cache.evict(other, 0))
         await publisher.settled()
-        prefix = the_prefix(w)
-        assert prefix.token_ids is not None
-        await settle(w.reconciler)
-        await w.reconciler.evictions.wait_idle()
-        publisher.publish(FakeCache().store(prefix.token_ids))
-        await publisher.settled()
-        sent = len(w.engine.log)
+        assert w.reconciler.evictions.horizons() == {"b1": 8.0}
+        assert PROFILE.keepalive_seconds > 8.0
+        verified = (await warm_record(w)).verified_at
+        assert verified is not None
 
-        w.clock.t += PROFILE.keepalive_seconds
+        w.clock.t = verified + 8.0 * 0.8
         await settle(w.reconciler)
 
-        record = await warm_record(w)
-        assert (record.state, record.verified_at) == (WarmState.WARM, w.clock.t)
-        assert len(w.engine.log) == sent  # no touch reached the engine
-        assert any(r.startswith("kv events: still resident") for r in await transitions(w))
+        assert len(w.engine.warms("b1")) == sent + 1  # the touch reached the engine
+        assert "keepalive due" in await transitions(w)
+        assert w.reconciler.evictions.still_resident("b1", (await warm_record(w)).prefix_hash) is not None
         await watcher.close()
 
     run(scenario, store_url)

@@ -312,3 +312,27 @@ def test_residency_matches_a_brute_force_walk_of_the_live_blocks(
             full = len(p) // BS
             resident = full > 0 and reachable_tokens(cache, p) == full * BS
             assert (view.state is PrefixState.RESIDENT) == resident
+
+
+def test_the_eviction_horizon_is_the_low_end_of_other_blocks_ages_at_eviction() -> None:
+    """Ages on the engine's batch timestamps, from the last BlockStored of a block (a re-announcement by a
+    "full" report counts as a use); a watched prefix's own blocks do not count (their loss is an eviction
+    reported as such); nothing is said before enough evictions were seen."""
+    cache, residency = FakeCache(), BoxResidency()
+    watched = ids(8)
+    residency.watch("w", watched)
+    residency.apply([cache.store(watched)], ts=0.0)
+    others = [ids(4, start=1000 + 4 * i) for i in range(10)]
+    for i, other in enumerate(others):
+        residency.apply([cache.store(other)], ts=float(i))
+    residency.apply([cache.store(others[9])], ts=50.0)  # used again at 50: its age counts from there
+    assert residency.horizon.seconds() is None
+    residency.apply([cache.evict(watched, 1)], ts=100.0)  # the watched prefix's block: not a sample
+    for i, other in enumerate(others[:8]):
+        assert residency.horizon.seconds() is None
+        residency.apply([cache.evict(other, 0)], ts=100.0 + i)  # age 100 each
+    assert residency.horizon.samples == 8
+    assert residency.horizon.seconds() == 100.0
+    residency.apply([cache.evict(others[8], 0), cache.evict(others[9], 0)], ts=60.0)  # ages 52, 10
+    assert residency.horizon.seconds() is not None
+    assert residency.horizon.seconds() <= 52.0  # the low end, not the mean

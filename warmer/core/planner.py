@@ -79,6 +79,10 @@ class PlannerConfig:
     budget_overrides: Mapping[str, WarmBudget] = field(default_factory=dict)  # box id -> budget
     keepalive_overrides: Mapping[str, float] = field(default_factory=dict)  # box id -> seconds
     keepalive_jitter: float = 0.1  # touch between (1 - jitter) and 1 times the keepalive interval
+    # Where a box's eviction horizon is measured (KV events: `Observed.keepalive_horizons`), the keepalive
+    # interval is at most (1 - margin) x the horizon, and never shorter than the floor.
+    horizon_margin: float = 0.2
+    keepalive_floor_seconds: float = 5.0
     campaign_lead_seconds: float = 300.0
     retire_idle_after_seconds: float | None = 3600.0  # None: keep every assigned agent warm forever
     retry: RetryBackoff = field(default_factory=RetryBackoff)
@@ -91,6 +95,10 @@ class PlannerConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.keepalive_jitter < 1.0:
             raise ValueError("keepalive_jitter must be in [0, 1)")
+        if not 0.0 <= self.horizon_margin < 1.0:
+            raise ValueError("horizon_margin must be in [0, 1)")
+        if self.keepalive_floor_seconds <= 0:
+            raise ValueError("keepalive_floor_seconds must be > 0")
         if self.ramp_seconds < 0:
             raise ValueError("ramp_seconds must be >= 0")
         if not 0.0 < self.ramp_initial_weight <= 1.0:
@@ -142,6 +150,8 @@ class Observed:
     # ... and a `warming` row last written before it is an earlier daemon's, abandoned at once
     # per box, where it differs (several replicas: since this replica took the box's lease)
     trusted_after_by_box: Mapping[str, float] = field(default_factory=dict)
+    # per box with KV events: how long an unused block lasts before the engine evicts it (LRU), measured
+    keepalive_horizons: Mapping[str, float] = field(default_factory=dict)
 
     def trusted_since(self, box_id: str) -> float:
         return self.trusted_after_by_box.get(box_id, self.trusted_after)
@@ -156,17 +166,35 @@ def jitter_unit(box_id: str, prefix_hash: str) -> float:
     return int.from_bytes(digest.digest(), "little") / 2.0**64
 
 
-def keepalive_interval(box_id: str, prefix_hash: str, profile: ModelProfile, config: PlannerConfig) -> float:
+def keepalive_base(
+    box_id: str, profile: ModelProfile, config: PlannerConfig, horizon: float | None = None
+) -> float:
+    """The box's keepalive interval before jitter: its override or the profile's, and where the box's
+    eviction horizon is measured, just inside it. Engines evict least recently used first, so a resident
+    prefix nobody touches is the next to go: "still resident" never postpones a touch past the horizon."""
     base = config.keepalive_overrides.get(box_id, profile.keepalive_seconds)
+    if horizon is not None:
+        inside = max(config.keepalive_floor_seconds, horizon * (1.0 - config.horizon_margin))
+        base = min(base, inside)
+    return base
+
+
+def keepalive_interval(
+    box_id: str, prefix_hash: str, profile: ModelProfile, config: PlannerConfig, horizon: float | None = None
+) -> float:
+    base = keepalive_base(box_id, profile, config, horizon)
     return base * (1.0 - config.keepalive_jitter * jitter_unit(box_id, prefix_hash))
 
 
-def keepalive_due_at(record: WarmRecord, profile: ModelProfile, config: PlannerConfig) -> float | None:
+def keepalive_due_at(
+    record: WarmRecord, profile: ModelProfile, config: PlannerConfig, horizon: float | None = None
+) -> float | None:
     """When the prefix should be touched again: last verification + a jittered interval just under the
-    profile's keepalive (never later than it). None when the record was never verified."""
+    profile's keepalive or the box's measured horizon (never later). None when never verified."""
     if record.verified_at is None:
         return None
-    return record.verified_at + keepalive_interval(record.box_id, record.prefix_hash, profile, config)
+    interval = keepalive_interval(record.box_id, record.prefix_hash, profile, config, horizon)
+    return record.verified_at + interval
 
 
 def campaign_active(campaign: Campaign, now: float, lead_seconds: float) -> bool:
@@ -457,7 +485,8 @@ def _candidates(
     config: PlannerConfig,
 ) -> list[_Candidate]:
     box_id, busy = view.box_id, view.busy
-    base = config.keepalive_overrides.get(box_id, view.profile.keepalive_seconds)
+    horizon = observed.keepalive_horizons.get(box_id)
+    base = keepalive_base(box_id, view.profile, config, horizon)
     not_due_before = base * (1.0 - config.keepalive_jitter)  # the jittered interval is never shorter
     suspect = box_id in observed.suspect_boxes
     candidates: list[_Candidate] = []
@@ -477,7 +506,7 @@ def _candidates(
             continue  # warming (handled above) or failed within its backoff
         verified = record.verified_at
         if state is WarmState.STALE or (verified is not None and now >= verified + not_due_before):
-            due = keepalive_due_at(record, view.profile, config)
+            due = keepalive_due_at(record, view.profile, config, horizon)
             if state is WarmState.STALE or (due is not None and now >= due):
                 touch = (_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, _Kind.TOUCH, want, True)
                 candidates.append(touch if state is WarmState.WARM else (*touch[:5], False))

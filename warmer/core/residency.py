@@ -34,6 +34,8 @@ a number going backwards is a new publisher, i.e. an engine restart, whose cache
 from __future__ import annotations
 
 import enum
+import statistics
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -135,10 +137,49 @@ def block_digests(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
     return tuple(hash(tuple(token_ids[i * block_size : (i + 1) * block_size])) for i in range(full))
 
 
+class EvictionHorizon:
+    """How long an unused block lasts in the engine's cache before the engine evicts it: the age at eviction
+    of blocks no watched prefix holds (other traffic's), measured on the engine's own event timestamps.
+
+    vLLM evicts least recently used first: a freed cached block is appended to the tail of
+    `FreeKVCacheBlockQueue` and `BlockPool.get_new_blocks` pops from its head, evicting as it goes; a hit
+    (`BlockPool.touch`) takes the block off the queue until its request ends (vllm-project/vllm
+    `vllm/v1/core/kv_cache_utils.py` @ 001cabc1be16a59a70d720ed61a13b678c060a18, `FreeKVCacheBlockQueue`:
+    "The least recent used block is at the front"; `vllm/v1/core/block_pool.py`
+    @ c59cb7941357443da7c5eef75cfa8697d683d228, `get_new_blocks`, `touch`, `free_blocks`). So a block stored
+    at t and evicted at t + a says the pool turns over in `a` at most: a prefix nobody touches for longer is
+    gone. The age is counted from the block's last `BlockStored` (a hit by other traffic announces nothing,
+    so an age can only overstate how long a block sat unused): a low quantile of the recent ages is taken,
+    never the mean. None until `min_samples` evictions were seen."""
+
+    def __init__(self, *, window: int = 256, min_samples: int = 8, quantile: float = 0.1) -> None:
+        if window < 1 or min_samples < 1 or not 0.0 < quantile < 1.0:
+            raise ValueError("window and min_samples must be >= 1, quantile in (0, 1)")
+        self._ages: deque[float] = deque(maxlen=window)
+        self._min_samples = min_samples
+        self._quantile = quantile
+
+    def add(self, age_seconds: float) -> None:
+        if age_seconds >= 0.0:
+            self._ages.append(age_seconds)
+
+    @property
+    def samples(self) -> int:
+        return len(self._ages)
+
+    def seconds(self) -> float | None:
+        """The horizon: the `quantile` of the recent ages at eviction (None: too few seen yet)."""
+        if len(self._ages) < self._min_samples:
+            return None
+        cuts = statistics.quantiles(self._ages, n=100, method="inclusive")
+        return cuts[max(0, round(self._quantile * 100) - 1)]
+
+
 @dataclass(frozen=True, slots=True)
 class _Block:
     parent: BlockHash | None
     digest: int
+    at: float | None = None  # the engine's timestamp of its last BlockStored
 
 
 @dataclass(slots=True)
@@ -180,6 +221,7 @@ class BoxResidency:
         self._holders: dict[tuple[int, BlockHash], set[str]] = {}  # held block -> prefixes through it
         self._waiting: dict[tuple[int, BlockHash | None, int], set[str]] = {}  # next block -> prefixes
         self._before: dict[str, PrefixState] = {}  # each prefix's state before the running call
+        self.horizon = EvictionHorizon()
 
     @property
     def blocks(self) -> int:
@@ -210,8 +252,8 @@ class BoxResidency:
         if watched is not None:
             self._unlink(watched)
 
-    def apply(self, events: Iterable[CacheEvent]) -> list[PrefixResidency]:
-        """Apply one batch's events in order.
+    def apply(self, events: Iterable[CacheEvent], ts: float | None = None) -> list[PrefixResidency]:
+        """Apply one batch's events in order; `ts` is the batch's engine timestamp (for the horizon).
 
         Raises MirrorOverflow when the mirror outgrows `max_blocks` (then call `lose_track`)."""
         touched: dict[str, _Watched] = {}
@@ -222,9 +264,9 @@ class BoxResidency:
             elif event.medium not in _GPU_MEDIA:
                 continue
             elif isinstance(event, BlockStored):
-                self._store(event, touched)
+                self._store(event, touched, ts)
             else:
-                self._remove(event, touched)
+                self._remove(event, touched, ts)
         self._settle(touched)
         if len(self._live) > self._max_blocks:
             raise MirrorOverflow(f"{len(self._live)} blocks held > {self._max_blocks}")
@@ -263,7 +305,7 @@ class BoxResidency:
             watched.chain.clear()
             watched.frontier.clear()
 
-    def _store(self, event: BlockStored, touched: dict[str, _Watched]) -> None:
+    def _store(self, event: BlockStored, touched: dict[str, _Watched], ts: float | None) -> None:
         if not event.plain or event.block_size < 1:
             return
         if len(event.token_ids) != len(event.block_hashes) * event.block_size:
@@ -276,20 +318,22 @@ class BoxResidency:
             digest = hash(tuple(event.token_ids[i * size : (i + 1) * size]))
             key = (event.group, block_hash)
             if key not in self._live:
-                self._live[key] = _Block(parent, digest)
                 self._child[(event.group, parent, digest)] = block_hash
+            self._live[key] = _Block(parent, digest, ts)  # a re-announced block was just used again
             for prefix_hash in self._waiting.get((event.group, parent, digest), ()):
                 touched[prefix_hash] = self._watched[prefix_hash]
             parent = block_hash
         if new_size:
             touched.update(self._watched)
 
-    def _remove(self, event: BlockRemoved, touched: dict[str, _Watched]) -> None:
+    def _remove(self, event: BlockRemoved, touched: dict[str, _Watched], ts: float | None) -> None:
         for block_hash in event.block_hashes:
             key = (event.group, block_hash)
             block = self._live.pop(key, None)
             if block is None:
                 continue
+            if ts is not None and block.at is not None and key not in self._holders:
+                self.horizon.add(ts - block.at)  # another prefix's block: how long unused ones last
             child_key = (event.group, block.parent, block.digest)
             if self._child.get(child_key) == block_hash:
                 del self._child[child_key]

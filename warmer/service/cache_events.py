@@ -146,6 +146,11 @@ class CacheEventWatcher:
         follow = self._follows.get(box_id)
         return None if follow is None else follow.residency.state(prefix_hash)
 
+    def horizons(self) -> dict[str, float]:
+        """Per followed box, how long an unused block lasts there before eviction, where measured yet."""
+        measured = {box_id: f.residency.horizon.seconds() for box_id, f in self._follows.items()}
+        return {box_id: seconds for box_id, seconds in measured.items() if seconds is not None}
+
     # -- the root task
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -247,7 +252,7 @@ class CacheEventWatcher:
     def _apply(self, follow: _Follow, batch: EventBatch) -> None:
         follow.cursor.advance(batch.seq)
         try:
-            changes = follow.residency.apply(batch.events)
+            changes = follow.residency.apply(batch.events, batch.ts)
         except MirrorOverflow as exc:
             self._lost(follow, str(exc))
             return

@@ -136,8 +136,6 @@ class ActionRunner:
             elif isinstance(action, WarmPrefix | ProbePrefix):
                 if self._blocked(action.box_id, action.prefix_hash):
                     continue  # planned before its room was lent: warming it would evict the borrower
-                if self._evictions is not None and await self._evictions.renewed(action):
-                    continue  # a keepalive of a prefix the box's KV cache events say it holds
                 probe = isinstance(action, ProbePrefix)
                 self.start_engine_work(
                     action.box_id,

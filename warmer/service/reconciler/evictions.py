@@ -2,9 +2,10 @@
 
 * A warmed prefix evicted: its record goes WARM/STALE -> EVICTED at once (`ProbeCold` with the tokens the
   engine still holds), so the next pass re-warms it: the re-warm follows the removal, not a timer.
-* A keepalive touch that comes due for a prefix the events say is still RESIDENT is not sent: the record is
-  renewed from the events instead (`ProbeWarm` with the prefix's full-block tokens), so a box whose events
-  are followed gets no periodic warm traffic for prefixes it holds.
+* A keepalive touch is always sent, whatever the events say: engines evict least recently used first, so a
+  resident prefix nobody touches drifts to the front of the eviction order and is the next to go. What the
+  events add is the horizon (`horizons`): how long other prefixes' unused blocks last before eviction, which
+  the planner uses to schedule the touch just inside it (`Observed.keepalive_horizons`).
 * The box restarted (the sequence went backwards): the box is looked at now (`recheck`), so the new epoch
   and its restart warm-up start without waiting for the next health poll.
 * The stream lost track: every WARM prefix of the box comes due for its keepalive touch now, which is sent
@@ -24,14 +25,12 @@ import structlog
 
 from warmer.core.errors import LeaseLost
 from warmer.core.model import BoxSpec, Prefix, WarmRecord, WarmState
-from warmer.core.plan_actions import ProbePrefix, WarmPrefix, WarmReason
 from warmer.core.planner import WarmKey
 from warmer.core.residency import PrefixResidency, PrefixState
 from warmer.core.warmstate import (
     IllegalTransition,
     KeepaliveDue,
     ProbeCold,
-    ProbeWarm,
     RetryBackoff,
     WarmEvent,
     transition,
@@ -107,19 +106,9 @@ class EvictionReactions:
         state = None if watcher is None else watcher.state(box_id, prefix_hash)
         return state if state is not None and state.state is PrefixState.RESIDENT else None
 
-    async def renewed(self, action: WarmPrefix | ProbePrefix) -> bool:
-        """A keepalive touch of a prefix the events say the box holds is not sent: the record is renewed
-        from them (`ProbeWarm` with its full-block tokens). True when that replaced the action."""
-        if not (isinstance(action, WarmPrefix) and action.reason is WarmReason.KEEPALIVE):
-            return False
-        resident = self.still_resident(action.box_id, action.prefix_hash)
-        if resident is None:
-            return False
-        event = ProbeWarm(resident.tracked_tokens, max(resident.block_tokens, 1))
-        why = f"kv events: still resident ({resident.tracked_tokens} tokens), no keepalive touch"
-        return await self._apply(
-            action.box_id, action.prefix_hash, event, why, poke=False, epoch=action.epoch
-        )
+    def horizons(self) -> dict[str, float]:
+        """Per box whose events are read: the measured eviction horizon in seconds, where known yet."""
+        return {} if self._watcher is None else self._watcher.horizons()
 
     async def wait_idle(self) -> None:
         """Until the work started so far is done (tests step with this)."""

@@ -210,6 +210,7 @@ class Reconciler:
             suspect_boxes=frozenset(self._health.suspect),
             trusted_after=self._book.trusted_after,
             trusted_after_by_box=self._replicas.trusted_by_box(),
+            keepalive_horizons=self.evictions.horizons(),
         )
 
     def _box_observation(self, box_id: str, live: BoxLive) -> BoxObservation:
