@@ -208,7 +208,12 @@ class GatewayPort(Protocol):
     async def deregister(self, box: BoxSpec) -> None: ...
 
     async def registered(self) -> set[str]:
-        """Base URLs the gateway currently routes to."""
+        """Base URLs the gateway lists as workers (usable or not)."""
+        ...
+
+    async def listing(self) -> dict[str, bool]:
+        """Each listed base URL and whether the gateway can route to it (listed is not routed: a worker
+        whose health checks fail, or smg's Failed, stays listed)."""
         ...
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +24,9 @@ class Router:
 
 
 @contextmanager
-def running_router(log_path: Path) -> Iterator[Router]:
-    """sglang-router on free loopback ports, round robin, 1 s health checks; answering `/workers` before
-    it is yielded, stopped by PID (terminate, then kill) afterwards."""
+def running_router(log_path: Path, extra_args: Sequence[str] = ()) -> Iterator[Router]:
+    """sglang-router on free loopback ports, round robin, 1 s health checks (and `extra_args`, as a user
+    would add them); answering `/workers` before it is yielded, stopped by PID (terminate, then kill)."""
     port, metrics_port = free_loopback_port(), free_loopback_port()
     command = [
         sys.executable, "-m", "sglang_router.launch_router",
@@ -36,6 +36,7 @@ def running_router(log_path: Path) -> Iterator[Router]:
         "--log-level", "warn",
         # its Prometheus exporter binds a port of its own (default 29000): give it a free one too
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        *extra_args,
     ]  # fmt: skip
     with log_path.open("wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -8,6 +8,8 @@ the boxes' own `/metrics` counters (llama-server `--metrics`): prompt tokens pro
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from tests.integration.router_harness import running_router
 from warmer.adapters.gateway.sglang_router import SglangRouterGateway
 from warmer.core.hitrate import cache_stats_from_metrics
 from warmer.core.model import BoxSpec, EngineKind
+from warmer.service.gateway_sync import GatewaySync
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +157,83 @@ def test_router_readmits_a_restarted_box_on_its_own_and_takes_runtime_type_silen
             assert prompt_tokens_seen(restarted) > before, "the router routed to the restarted (cold) box"
 
     asyncio.run(scenario())
+
+
+class _Ready:
+    def __init__(self, ready: set[str]) -> None:
+        self.ready = ready
+
+    def ready_box_ids(self) -> set[str] | None:
+        return set(self.ready)
+
+    async def wait_changed(self) -> None:
+        await asyncio.Event().wait()
+
+
+class _Clock:
+    def now(self) -> float:
+        return 0.0
+
+    def monotonic(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def test_an_unhealthy_registration_of_a_ready_box_is_replaced_and_a_box_not_ready_withdrawn(
+    tmp_path: Path, llama_fleet_factory: FleetFactory
+) -> None:
+    """Listed is not routed. sglang-router 0.3.2 keeps a worker whose health checks failed in its list with
+    `"is_healthy": false` and sends it nothing until `--health-success-threshold` checks pass again (here
+    set high, as a cautious operator might, so it stays out for the whole test). Gateway sync replaces
+    such a registration of a box warmer calls ready (it gets traffic at once) and withdraws a box that is
+    not ready whatever the router shows. 0.3.2 has no `--remove-unhealthy-workers` (checked below), so
+    the router is run the one way it can be."""
+    help_text = subprocess.run(
+        [sys.executable, "-m", "sglang_router.launch_router", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    assert "--health-success-threshold" in help_text
+    assert "--remove-unhealthy-workers" not in help_text  # a newer wheel: run this test with it on too
+
+    async def scenario(router_url: str) -> None:
+        fleet = llama_fleet_factory(2)
+        first, second = fleet.boxes
+        boxes = [spec(first), spec(second)]
+        readiness = _Ready({first.id, second.id})
+        async with httpx.AsyncClient() as client:
+            gateway = SglangRouterGateway(client, router_url, settle_timeout=60)
+            sync = GatewaySync(
+                gateway=gateway, fleet=lambda: boxes, readiness=readiness, clock=_Clock(), interval_seconds=60
+            )
+            assert sorted((await sync.sync_once()).registered) == sorted([first.id, second.id])
+            assert await gateway.listing() == {first.base_url: True, second.base_url: True}
+
+            for box in (first, second):  # both go down behind the router's back, then come back
+                fleet.kill(box.id)
+            deadline = asyncio.get_running_loop().time() + 60
+            while set((await gateway.listing()).values()) != {False}:
+                assert asyncio.get_running_loop().time() < deadline, "the router never saw them fail"
+                await asyncio.sleep(0.2)
+            for box in (first, second):
+                fleet.restart(box.id)
+            assert await gateway.listing() == {first.base_url: False, second.base_url: False}
+            refused = await complete_via_router(client, router_url, "Anyone there?")
+            assert refused.status_code >= 500  # listed, healthy again, and still not routed
+
+            readiness.ready = {first.id}  # the first is ready (warm again); the second is not
+            report = await sync.sync_once()
+            assert (report.registered, report.deregistered, report.failed) == ((first.id,), (second.id,), ())
+            assert await gateway.listing() == {first.base_url: True}
+            before = prompt_tokens_seen(fleet.box(first.id))
+            response = await complete_via_router(client, router_url, "Back in service?")
+            assert response.status_code == 200, response.text
+            assert prompt_tokens_seen(fleet.box(first.id)) > before
+
+    extra = ["--health-failure-threshold", "1", "--health-success-threshold", "100000"]
+    with running_router(tmp_path / "sglang-router.log", extra) as router:
+        asyncio.run(scenario(router.url))

@@ -33,6 +33,7 @@ class WorkersRouter:
         self.reachable = reachable
         self.ids = ids
         self.calls: list[str] = []
+        self.states: dict[str, dict[str, object]] = {}  # url -> fields its entry shows (e.g. is_healthy)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         self.calls.append(f"{request.method} {request.url.path}")
@@ -43,12 +44,13 @@ class WorkersRouter:
                     self.workers[str(uuid.uuid4())] = url
             self.pending = [(n, url) for n, url in self.pending if n > 0]
             entries = [
-                {"id": i, "url": u, "is_healthy": True} if self.ids else {"url": u}
+                {"id": i, "url": u, "is_healthy": True, **self.states.get(u, {})} if self.ids else {"url": u}
                 for i, u in self.workers.items()
             ]
             return httpx.Response(200, json={"workers": entries, "total": len(entries)})
         if request.url.path == "/workers" and request.method == "POST":
             url = json.loads(request.content)["url"]
+            self.states.pop(url, None)  # a new registration starts afresh
             self.pending.append((self.delay_polls, url))
             return httpx.Response(202, json={"status": "accepted", "url": url})
         if request.url.path.startswith("/workers/") and request.method == "DELETE":
@@ -123,6 +125,32 @@ def test_workers_api_register_waits_until_listed_then_deregisters_by_id() -> Non
             assert any(call.startswith("DELETE /workers/") for call in router.calls)
             await gw.deregister(BOX)  # not a worker: no-op
             assert sum(call.startswith("DELETE") for call in router.calls) == 1
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    "shown",
+    [
+        {"is_healthy": False},  # sglang-router 0.3.2: health checks failing (measured against the wheel)
+        {"status": "Failed"},  # smg: terminal unless --remove-unhealthy-workers
+        {"job_status": {"job_type": "AddWorker", "worker_url": "x", "status": "failed", "timestamp": 1}},
+    ],
+)
+def test_an_unusable_registration_is_replaced_not_taken_for_done(shown: dict[str, object]) -> None:
+    async def scenario() -> None:
+        router = WorkersRouter()
+        gw, client = gateway(router)
+        async with client:
+            await gw.register(BOX)
+            router.states["http://10.0.0.5:8080"] = shown
+            assert await gw.listing() == {"http://10.0.0.5:8080": False}
+            assert await gw.registered() == {"http://10.0.0.5:8080"}  # listed, yet not routed
+            await gw.register(BOX)
+            assert await gw.listing() == {"http://10.0.0.5:8080": True}
+            assert router.calls.count("POST /workers") == 2
+            assert sum(call.startswith("DELETE /workers/") for call in router.calls) == 1
+            assert len(router.workers) == 1
 
     asyncio.run(scenario())
 

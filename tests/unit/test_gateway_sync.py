@@ -23,7 +23,8 @@ FOREIGN = "http://10.9.9.9:8000"
 
 class FakeRouter:
     """Workers by URL; calls are logged in order. `down` fails every call; `failing` fails add/remove of
-    those URLs; `lands_anyway` makes a failed add still appear (the router kept retrying it)."""
+    those URLs; `lands_anyway` makes a failed add still appear (the router kept retrying it); `unusable`
+    are listed but not routed to (failing health checks, smg's Failed) until registered again."""
 
     def __init__(self, workers: set[str] | None = None) -> None:
         self.workers = set(workers or ())
@@ -31,12 +32,16 @@ class FakeRouter:
         self.down = False
         self.failing: set[str] = set()
         self.lands_anyway = False
+        self.unusable: set[str] = set()
 
     async def registered(self) -> set[str]:
+        return set(await self.listing())
+
+    async def listing(self) -> dict[str, bool]:
         if self.down:
             raise GatewayError("gateway GET /workers: ConnectError: refused", transient=True)
         # trailing slashes: the sync must compare URLs normalized
-        return {f"{url}/" for url in self.workers}
+        return {f"{url}/": url not in self.unusable for url in self.workers}
 
     async def register(self, box: BoxSpec) -> None:
         self.calls.append(("register", box.id))
@@ -45,12 +50,14 @@ class FakeRouter:
                 self.workers.add(box.base_url)
             raise GatewayError(f"gateway: worker {box.base_url} did not appear in the worker list")
         self.workers.add(box.base_url)
+        self.unusable.discard(box.base_url)
 
     async def deregister(self, box: BoxSpec) -> None:
         self.calls.append(("deregister", box.id))
         if self.down or box.base_url in self.failing:
             raise GatewayError("gateway remove worker: HTTP 500")
         self.workers.discard(box.base_url)
+        self.unusable.discard(box.base_url)
 
 
 class FakeReadiness:
@@ -146,6 +153,28 @@ def test_only_ready_boxes_become_workers_removals_first_foreign_untouched() -> N
         router.calls.clear()
         assert (await sync.sync_once()).outcome is SyncOutcome.OK
         assert router.calls == []
+
+    asyncio.run(scenario())
+
+
+def test_an_unusable_listing_of_a_ready_box_is_replaced_and_of_a_box_not_ready_withdrawn() -> None:
+    """Listed is not routed: sglang-router keeps a worker whose health checks fail (`is_healthy: false`),
+    smg a Failed one. A ready box's such registration is registered again (the adapter replaces it); a box
+    that is not ready is withdrawn whatever state the router shows."""
+
+    async def scenario() -> None:
+        router = FakeRouter({B1.base_url, B2.base_url})
+        router.unusable = {B1.base_url, B2.base_url}
+        sync = make_sync(router, FakeReadiness({"b1"}), fleet=(B1, B2))
+
+        report = await sync.sync_once()
+
+        assert (report.registered, report.deregistered) == (("b1",), ("b2",))
+        assert router.calls == [("deregister", "b2"), ("register", "b1")]
+        assert await router.listing() == {f"{B1.base_url}/": True}
+        router.calls.clear()
+        assert (await sync.sync_once()).outcome is SyncOutcome.OK
+        assert router.calls == []  # usable now: nothing to replace
 
     asyncio.run(scenario())
 

@@ -36,6 +36,9 @@ class Router:
     async def registered(self) -> set[str]:
         return set(self.workers)
 
+    async def listing(self) -> dict[str, bool]:
+        return dict.fromkeys(self.workers, True)
+
     async def register(self, box: BoxSpec) -> None:
         self.workers.add(box.base_url)
 

@@ -5,8 +5,11 @@ router kept retrying may land long after it was asked for, an operator may add a
 compares it with the set of ready boxes, then
 
 * deregisters every listed fleet box that is not ready (restarted, cold, failed, unknown), first, so a
-  box leaving readiness stops getting calls before anything else happens;
-* registers every ready box the router does not list.
+  box leaving readiness stops getting calls before anything else happens, whatever state the router
+  shows for it (healthy, unhealthy, Failed: the router may re-admit an unhealthy worker on its own);
+* registers every ready box the router does not list, and every ready box whose listing the router
+  cannot use (health checks failing, smg's terminal Failed): listed is not routed, so the registration is
+  replaced.
 
 A pass runs every `interval_seconds` and also right after the ready set changes (the readiness source
 says when something may have changed; a pass runs only when the set really differs, so a busy reconciler
@@ -142,10 +145,11 @@ class GatewaySync:
         if ready is None:
             return self._finish(SyncReport(SyncOutcome.READINESS_UNKNOWN), started)
         try:
-            listed = {normalized_url(url) for url in await self._gateway.registered()}
+            workers = {normalized_url(url): usable for url, usable in (await self._gateway.listing()).items()}
         except WarmerError as exc:
             report = SyncReport(SyncOutcome.GATEWAY_UNAVAILABLE, error=f"{type(exc).__name__}: {exc}")
             return self._finish(report, started)
+        listed = set(workers)
         ours = {url: box for url, box in self._by_url.items() if url in listed}
         foreign = tuple(sorted(listed - self._by_url.keys()))
         self._observer.workers_listed(len(ours), len(foreign))
@@ -154,7 +158,11 @@ class GatewaySync:
         removal = await asyncio.gather(*(self._change(box, register=False) for box in leaving))
         # Readiness may have moved while we removed: only add what is still ready now.
         ready_now = self._readiness.ready_box_ids() or set()
-        joining = [box for url, box in self._by_url.items() if box.id in ready_now and url not in listed]
+        joining = [
+            box
+            for url, box in self._by_url.items()
+            if box.id in ready_now and not workers.get(url, False)  # not listed, or listed unusable
+        ]
         adding = await asyncio.gather(*(self._change(box, register=True) for box in joining))
 
         failed = tuple(error for error in (*removal, *adding) if error is not None)

@@ -31,6 +31,17 @@ llama.cpp or generic box gets none, because no runtime value names llama-server,
 would fail the request. sglang-router 0.3.2 ignores the field (measured: any value is accepted with 202
 and not listed), so sending it is harmless there.
 
+Listed is not routed. A worker stays listed while the gateway will not send it traffic: sglang-router 0.3.2
+keeps a worker whose health checks fail with `"is_healthy": false` (measured: it has no
+`--remove-unhealthy-workers` option; its `GET /workers` entry carries `id`, `url`, `is_healthy`, `load`,
+... and no status), and smg keeps a worker whose status went Failed (terminal unless it runs
+`--remove-unhealthy-workers`); smg's `WorkerInfo` (crates/protocols/src/worker.rs
+@ 006b681ef9f022f095e4be594922ba788b153045) carries `is_healthy` and a `job_status` whose `status` is
+"pending", "processing" or "failed". `listing()` reports each listed URL with whether the gateway can use
+it (`usable_entry`): not `is_healthy: false`, no `status` other than ready/healthy/active, no failed job.
+`register` replaces an unusable registration (remove, then add) instead of taking "listed" for done, and
+waits until the new one is listed usable.
+
 How a cold box is kept out. Both gateways health-check their workers themselves and send traffic again
 to a worker whose `/health` passes again, so a box that restarts while still registered would be
 re-admitted cold, before warmer re-warms it (measured against 0.3.2: a registered llama-server that is
@@ -65,6 +76,21 @@ RUNTIME_TYPES: dict[EngineKind, str] = {EngineKind.SGLANG: "sglang", EngineKind.
 
 def _same_url(url: str) -> str:
     return url.strip().rstrip("/")
+
+
+_USABLE_STATUSES = frozenset({"ready", "healthy", "active"})
+
+
+def usable_entry(entry: dict[str, object]) -> bool:
+    """Whether the gateway routes to this listed worker (see the module docstring); an entry that says
+    nothing (the legacy listing) is taken as usable."""
+    if entry.get("is_healthy") is False:
+        return False
+    status = entry.get("status")
+    if isinstance(status, str) and status.strip().lower() not in _USABLE_STATUSES:
+        return False
+    job = entry.get("job_status")
+    return not (isinstance(job, dict) and str(job.get("status", "")).lower() == "failed")
 
 
 class SglangRouterGateway:
@@ -163,13 +189,24 @@ class SglangRouterGateway:
         return out
 
     async def registered(self) -> set[str]:
-        """Base URLs (no trailing slash) the router currently routes to."""
-        return {_same_url(str(entry["url"])) for entry in await self._workers()}
+        """Base URLs (no trailing slash) the router lists, usable or not."""
+        return set(await self.listing())
+
+    async def listing(self) -> dict[str, bool]:
+        """Each listed base URL (no trailing slash) and whether the router can route to it; a URL listed
+        twice is usable when one of its entries is."""
+        out: dict[str, bool] = {}
+        for entry in await self._workers():
+            url = _same_url(str(entry["url"]))
+            out[url] = out.get(url, False) or usable_entry(entry)
+        return out
 
     async def _settle(self, url: str, *, present: bool) -> None:
+        """Until the URL is listed usable (present) or not listed at all."""
         deadline = self._monotonic() + self._settle_timeout
         while True:
-            if (url in await self.registered()) == present:
+            listed = await self.listing()
+            if (listed.get(url) is True) if present else (url not in listed):
                 return
             if self._monotonic() >= deadline:
                 state = "appear in" if present else "leave"
@@ -181,10 +218,14 @@ class SglangRouterGateway:
             await self._sleep(self._poll_interval)
 
     async def register(self, box: BoxSpec) -> None:
-        """Make `box` a worker; returns once the router lists it. Already a worker: nothing to do."""
+        """Make `box` a worker; returns once the router lists it usable. Already a usable worker: nothing
+        to do; listed but unusable (unhealthy, Failed): the registration is replaced."""
         url = _same_url(box.base_url)
-        if url in await self.registered():
+        usable = (await self.listing()).get(url)
+        if usable is True:
             return
+        if usable is False:
+            await self.deregister(box)
         if self._style == "legacy":
             response = await self._request("POST", "/add_worker", params={"url": url})
             if response.status_code != 200:
