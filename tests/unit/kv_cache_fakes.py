@@ -112,10 +112,12 @@ class FakePublisher:
     next_seq: int = 0
     replays: list[int] = field(default_factory=list)
     replay_error: Exception | None = None
+    restarts: int = 0
     streams: list[FakeStream] = field(default_factory=list)
 
     def publish(self, *events: CacheEvent, deliver: bool = True) -> EventBatch:
-        batch = EventBatch(seq=self.next_seq, ts=float(self.next_seq), events=tuple(events))
+        ts = float(self.next_seq + 1000 * self.restarts)  # the engine's clock moves on across processes
+        batch = EventBatch(seq=self.next_seq, ts=ts, events=tuple(events))
         self.next_seq += 1
         self.buffer = [*self.buffer, batch][-self.buffer_steps :]
         if deliver:
@@ -130,6 +132,7 @@ class FakePublisher:
     def restart(self) -> None:
         """A new engine process: numbering from 0, an empty replay buffer."""
         self.buffer, self.next_seq = [], 0
+        self.restarts += 1
 
     async def settled(self) -> None:
         """Until the watcher has taken everything delivered and waits for more."""

@@ -47,7 +47,11 @@ class Rig:
     tokenized: list[str]
 
 
-def make_rig(boxes: Sequence[BoxSpec] = (BOX,), tokenize_error: Exception | None = None) -> Rig:
+def make_rig(
+    boxes: Sequence[BoxSpec] = (BOX,),
+    tokenize_error: Exception | None = None,
+    epochs: dict[str, str] | None = None,
+) -> Rig:
     publisher = FakePublisher()
     port = FakePort(publisher)
     listener = Listener()
@@ -67,6 +71,7 @@ def make_rig(boxes: Sequence[BoxSpec] = (BOX,), tokenize_error: Exception | None
         tokenize=tokenize,
         clock=clock,
         config=CacheEventsConfig(retry_seconds=2.0),
+        epoch_of=(epochs if epochs is not None else {}).get,
     )
     return Rig(watcher, publisher, port, listener, clock, tokenized)
 
@@ -141,7 +146,7 @@ def test_a_missed_eviction_is_fetched_from_the_replay_socket() -> None:
 
     rig = asyncio.run(scenario())
 
-    assert rig.publisher.replays == [1]
+    assert rig.publisher.replays == [0]  # from the last batch applied: the same process answers it alike
     assert rig.listener.calls == [("resident", "v1", PREFIX.hash), ("evicted", "v1", PREFIX.hash, "0")]
 
 
@@ -183,7 +188,7 @@ def test_a_gap_older_than_the_replay_buffer_makes_the_box_unknown() -> None:
         return rig
 
     rig = asyncio.run(scenario())
-    assert rig.publisher.replays == [1]
+    assert rig.publisher.replays == [0]
     assert rig.listener.calls[-1] == ("reset", "v1", "lost")
 
 
@@ -213,6 +218,63 @@ def test_a_sequence_reset_is_a_restart_without_per_prefix_evictions() -> None:
         ("reset", "v1", "restarted"),
         ("resident", "v1", PREFIX.hash),
     ]
+
+
+def test_a_new_process_whose_first_batches_were_missed_is_a_restart_not_a_gap() -> None:
+    """The old process's last batch was 1; the new one published 0..4 while warmer was not listening, so its
+    5 looks like a gap after 1. Replayed from the last batch applied (1), the publisher answers its own
+    batch 1, not the one warmer applied: a new process. The mirror is cleared (the old blocks are not in the
+    new process) and the new process's history is applied from 0."""
+
+    async def scenario() -> Rig:
+        rig, old = make_rig(), FakeCache(salt=1)
+        await started(rig)
+        await rig.watcher.watch(BOX, PREFIX)
+        rig.publisher.publish(old.store(PROMPT))
+        rig.publisher.publish(old.store(list(range(7, 11))))
+        await rig.publisher.settled()
+        rig.publisher.restart()
+        new = FakeCache(salt=2)
+        for start in range(50, 70, 4):
+            rig.publisher.publish(new.store(list(range(start, start + 4))), deliver=False)
+        rig.publisher.publish(new.store(list(range(90, 94))))
+        await rig.publisher.settled()
+        view = rig.watcher.state("v1", PREFIX.hash)
+        assert view is not None
+        assert view.state is PrefixState.EVICTED  # not RESIDENT on the old process's blocks
+        await rig.watcher.close()
+        return rig
+
+    rig = asyncio.run(scenario())
+    assert rig.publisher.replays == [1, 0]  # the last batch applied, then the new process from 0
+    assert rig.listener.calls == [("resident", "v1", PREFIX.hash), ("reset", "v1", "restarted")]
+
+
+def test_a_changed_engine_identity_is_a_restart_even_when_the_numbers_run_on() -> None:
+    """Missed batches 0..2 of a new process whose old one ended at 1: batch 2 would read as the NEXT one.
+    The box's epoch (the engine's own identity) changed since the stream started: a new process."""
+
+    async def scenario() -> Rig:
+        epochs = {"v1": "e1"}
+        rig, old = make_rig(epochs=epochs), FakeCache(salt=1)
+        await started(rig)
+        await rig.watcher.watch(BOX, PREFIX)
+        rig.publisher.publish(old.store(PROMPT))
+        rig.publisher.publish(old.store(list(range(7, 11))))
+        await rig.publisher.settled()
+        rig.publisher.restart()
+        epochs["v1"] = "e2"
+        new = FakeCache(salt=2)
+        rig.publisher.publish(new.store(list(range(50, 54))), deliver=False)
+        rig.publisher.publish(new.store(list(range(54, 58))), deliver=False)
+        rig.publisher.publish(new.store(list(range(58, 62))))
+        await rig.publisher.settled()
+        await rig.watcher.close()
+        return rig
+
+    rig = asyncio.run(scenario())
+    assert rig.listener.calls == [("resident", "v1", PREFIX.hash), ("reset", "v1", "restarted")]
+    assert rig.publisher.replays == [0]
 
 
 def test_all_blocks_cleared_evicts_each_watched_prefix() -> None:

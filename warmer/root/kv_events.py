@@ -38,6 +38,7 @@ def cache_event_task(
             fleet=lambda: tuple(fleet().values()),
             tokenize=engine.tokenize,
             clock=clock,
+            epoch_of=reactions.epoch_of,
         )
         reactions.attach(watcher)
         try:

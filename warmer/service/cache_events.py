@@ -6,10 +6,19 @@ residency (`warmer.core.residency.BoxResidency`) and tells a `ResidencyListener`
 * `prefix_evicted`: a watched prefix lost a block (re-warm it now instead of at its keepalive timer);
   `AllBlocksCleared` reports every watched prefix this way;
 * `prefix_resident`: its blocks are all stored (again): the engine's own word that it is cached;
-* `box_reset(RESTARTED)`: the sequence number went backwards, so a new publisher process, an engine
-  restart; the cache is empty (no per-prefix evictions follow: the restart path re-warms everything);
+* `box_reset(RESTARTED)`: a new publisher process, an engine restart; the mirror is cleared (the new
+  process starts empty; no per-prefix evictions follow: the restart path re-warms everything);
 * `box_reset(LOST)`: events were missed and could not be replayed (no replay socket, its buffer moved on,
   an unreadable batch, a mirror past its bound): every prefix is UNKNOWN, so verify them by probe.
+
+A new process is told from a gap by three signs, any one of which is enough: the sequence number went
+backwards (each publisher numbers from 0); the engine's own identity changed (the box's epoch, e.g. vLLM's
+`process_start_time_seconds`, as `epoch_of` reports it, compared with the one seen when the stream
+started); or the replay answer disagrees with what was applied: a gap is replayed from the last batch
+applied, not the one after it, and a publisher that is the same process answers that batch exactly as it
+was received, while a new process (numbering again from 0, which may already have passed the old last
+number when warmer missed its first batches) answers another batch there. A replay that no longer holds
+the last batch cannot tell: the box is then LOST (residency unknown), never continued.
 
 Sequence numbers: a gap is filled from the replay socket before the batch that revealed it is applied. The
 first batch of a stream (warmer started, or the engine restarted) asks for a replay from 0, which also
@@ -88,6 +97,8 @@ class _Follow:
     residency: BoxResidency
     task: asyncio.Task[None] | None = None
     cursor: SequenceCursor = field(default_factory=SequenceCursor)
+    last_batch: EventBatch | None = None  # the last one applied, as received (a replay must match it)
+    epoch: str | None = None  # the engine's identity when this publisher's first batch was applied
 
 
 class CacheEventWatcher:
@@ -102,8 +113,11 @@ class CacheEventWatcher:
         tokenize: Tokenize,
         clock: Clock,
         config: CacheEventsConfig | None = None,
+        epoch_of: Callable[[str], str | None] = lambda _box_id: None,
     ) -> None:
-        """`tokenize`: the engine's own token ids for a prefix sent as text (`EnginePort.tokenize`)."""
+        """`tokenize`: the engine's own token ids for a prefix sent as text (`EnginePort.tokenize`);
+        `epoch_of`: the box's current engine identity (its epoch), None while not known."""
+        self._epoch_of = epoch_of
         self._port = port
         self._listener = listener
         self._fleet = fleet
@@ -207,6 +221,7 @@ class CacheEventWatcher:
                     )
                     self._lost(follow, f"stream failed: {type(exc).__name__}: {exc}")
                     follow.cursor = SequenceCursor()
+                    follow.last_batch = follow.epoch = None
                 finally:
                     if stream is not None:
                         await stream.aclose()
@@ -214,27 +229,50 @@ class CacheEventWatcher:
 
     async def _take(self, follow: _Follow, stream: CacheEventStream, batch: EventBatch) -> None:
         verdict = follow.cursor.classify(batch.seq)
+        if verdict in (SeqVerdict.NEXT, SeqVerdict.GAP) and self._identity_changed(follow):
+            verdict = SeqVerdict.RESET
         if verdict is SeqVerdict.NEXT:
             self._apply(follow, batch)
         elif verdict is SeqVerdict.GAP:
-            await self._catch_up(follow, stream, batch, follow.cursor.expected, first=False)
+            await self._fill_gap(follow, stream, batch)
         else:
             if verdict is SeqVerdict.RESET:
                 self._restarted(follow, batch)
-            await self._catch_up(follow, stream, batch, 0, first=True)
+            await self._catch_up(follow, stream, batch, 0)
+
+    def _identity_changed(self, follow: _Follow) -> bool:
+        now = self._epoch_of(follow.box.id)
+        return follow.epoch is not None and now is not None and now != follow.epoch
+
+    async def _fill_gap(self, follow: _Follow, stream: CacheEventStream, live: EventBatch) -> None:
+        """Replay from the last batch applied: the same publisher answers it unchanged, a new one does not."""
+        last, applied = follow.cursor.last, follow.last_batch
+        if last is None or applied is None:  # not reached: a gap follows an applied batch
+            raise RuntimeError("a gap with no batch applied before it")
+        replayed = await self._replay(follow, stream, last)
+        if replayed is None or not replay_covers(last, replayed):
+            self._lost(follow, f"batches {last + 1}..{live.seq - 1} missed and not replayed")
+            self._apply(follow, live)
+            return
+        if next((b for b in replayed if b.seq == last), None) != applied:
+            self._restarted(follow, live)  # batch `last` is another process's: it numbered from 0 again
+            await self._catch_up(follow, stream, live, 0)
+            return
+        for batch in replayed:
+            if last < batch.seq < live.seq:
+                self._apply(follow, batch)
+        self._apply(follow, live)
 
     async def _catch_up(
-        self, follow: _Follow, stream: CacheEventStream, live: EventBatch, start: int, *, first: bool
+        self, follow: _Follow, stream: CacheEventStream, live: EventBatch, start: int
     ) -> None:
-        """Apply the batches from `start` to `live` (replayed), then `live` itself."""
+        """A publisher's first batch: apply the batches from `start` to `live` (replayed), then `live`."""
         if live.seq > start:
             replayed = await self._replay(follow, stream, start)
             if replayed is not None and replay_covers(start, replayed):
                 for batch in replayed:
                     if start <= batch.seq < live.seq:
                         self._apply(follow, batch)
-            elif not first:
-                self._lost(follow, f"batches {start}..{live.seq - 1} missed and not replayed")
             elif follow.residency.watched():
                 # A fresh stream whose start is gone: whatever the missed batches said is not known.
                 self._lost(follow, f"stream joined at batch {live.seq}, its start could not be replayed")
@@ -250,7 +288,10 @@ class CacheEventWatcher:
             return None
 
     def _apply(self, follow: _Follow, batch: EventBatch) -> None:
+        if follow.cursor.last is None:
+            follow.epoch = self._epoch_of(follow.box.id)
         follow.cursor.advance(batch.seq)
+        follow.last_batch = batch
         try:
             changes = follow.residency.apply(batch.events, batch.ts)
         except MirrorOverflow as exc:
@@ -279,6 +320,7 @@ class CacheEventWatcher:
         self._log.warning(EVENT_RESTARTED, box=follow.box.id, last_seq=follow.cursor.last, seq=batch.seq)
         follow.residency.clear()  # the new process starts empty; the restart path re-warms everything
         follow.cursor = SequenceCursor()
+        follow.last_batch = follow.epoch = None
         self._listener.box_reset(follow.box.id, ResetReason.RESTARTED)
 
     def _lost(self, follow: _Follow, why: str) -> None:

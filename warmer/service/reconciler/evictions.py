@@ -72,6 +72,10 @@ class EvictionReactions:
         self._tasks: set[asyncio.Task[None]] = set()
         self._log = structlog.stdlib.get_logger(__name__)
 
+    def epoch_of(self, box_id: str) -> str | None:
+        """The box's current epoch (its engine process's identity), as the reconciler last saw it."""
+        return self._epoch_of(box_id)
+
     def attach(self, watcher: CacheEventWatcher) -> None:
         """The watcher whose events these are (it is built with these reactions as its listener)."""
         self._watcher = watcher
