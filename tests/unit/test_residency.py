@@ -336,3 +336,59 @@ def test_the_eviction_horizon_is_the_low_end_of_other_blocks_ages_at_eviction() 
     residency.apply([cache.evict(others[8], 0), cache.evict(others[9], 0)], ts=60.0)  # ages 52, 10
     assert residency.horizon.seconds() is not None
     assert residency.horizon.seconds() <= 52.0  # the low end, not the mean
+
+
+def _sparse_store(cache: FakeCache, tokens: Sequence[int], keep: Sequence[int], group: int) -> BlockStored:
+    """A sliding-window / Mamba group's BlockStored as `cache_full_blocks` builds it
+    (vllm/v1/core/block_pool.py @ c59cb7941357443da7c5eef75cfa8697d683d228): null blocks skipped in
+    `block_hashes`, `token_ids` the whole run, the hashes the request's own (as the attention group's)."""
+    hashes = cache.hashes(tokens)
+    return BlockStored(
+        block_hashes=tuple(hashes[i] for i in keep),
+        parent_hash=None,
+        token_ids=tuple(tokens[: len(hashes) * cache.block_size]),
+        block_size=cache.block_size,
+        group=group,
+    )
+
+
+def test_a_hybrid_prefix_is_resident_only_while_its_sparse_group_holds_its_end_block() -> None:
+    """Group 0 full attention, group 1 Mamba ("align": only the last block of the run is not null). The
+    Mamba group's events were dropped before (their token_ids cover more blocks than their hashes), so the
+    prefix read RESIDENT on its attention blocks alone after its running state was gone."""
+    cache, residency = FakeCache(), BoxResidency()
+    prompt = ids(12)  # three blocks
+    residency.watch("p", prompt)
+    assert states(residency.apply([cache.store(prompt)])) == {"p": (PrefixState.RESIDENT, 12)}
+    changes = residency.apply([_sparse_store(cache, prompt, keep=[2], group=1)])
+    assert changes == []  # a new group that holds what the prefix needs: still resident
+    view = residency.state("p")
+    assert view is not None
+    assert (view.state, view.resident_tokens) == (PrefixState.RESIDENT, 12)
+
+    end = cache.hashes(prompt)[2]
+    removed = residency.apply([BlockRemoved(block_hashes=(end,), group=1)])
+    assert states(removed) == {"p": (PrefixState.EVICTED, 0)}  # no state to resume from
+    stored_again = residency.apply([_sparse_store(cache, prompt, keep=[2], group=1)])
+    assert states(stored_again) == {"p": (PrefixState.RESIDENT, 12)}
+
+
+def test_a_group_whose_kind_keeps_some_positions_is_sparse_from_its_first_event() -> None:
+    """`kv_cache_spec_kind` "mamba" / "sliding_window...": even a run with no null block is tracked by its
+    hashes, and a prefix needs the block at its end there, not the whole chain."""
+    cache, residency = FakeCache(), BoxResidency()
+    prompt = ids(8)
+    residency.watch("p", prompt)
+    residency.apply([cache.store(prompt)])
+    shorter = ids(4)
+    first = cache.hashes(shorter)[0]
+    residency.apply(
+        [BlockStored((first,), None, tuple(shorter), BS, group=1, sparse=True)]  # another request's block
+    )
+    view = residency.state("p")
+    assert view is not None
+    assert view.state is not PrefixState.RESIDENT  # the block at the prefix's end is not held in group 1
+    residency.apply([_sparse_store(cache, prompt, keep=[1], group=1)])
+    view = residency.state("p")
+    assert view is not None
+    assert view.state is PrefixState.RESIDENT

@@ -131,6 +131,18 @@ def test_lora_and_extra_hash_keys_make_a_block_not_plain() -> None:
     assert events[2].group == 1
 
 
+def test_a_sliding_window_or_mamba_group_kind_marks_its_blocks_sparse() -> None:
+    """`kv_cache_spec_kind` (vLLM's KVCacheSpecKind values): sliding-window and Mamba groups keep only some
+    positions, full attention keeps all; an absent kind says nothing (the residency learns it from a
+    run with skipped null blocks)."""
+    kinds = ["mamba", "sliding_window", "sliding_window_mla", "full_attention", None]
+    raw = [{**STORED_MAP, "group_idx": i, "kv_cache_spec_kind": kind} for i, kind in enumerate(kinds)]
+
+    events = decode_batch("b1", 0, encode({"ts": 0, "events": raw})).events
+
+    assert [e.sparse for e in events if isinstance(e, BlockStored)] == [True, True, True, False, False]
+
+
 def test_an_unknown_event_kind_is_skipped() -> None:
     payload = encode({"ts": 0, "events": [{"type": "SomethingNew", "x": 1}, {"type": "AllBlocksCleared"}]})
     assert decode_batch("b1", 0, payload).events == (AllBlocksCleared(),)

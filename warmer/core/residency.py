@@ -20,6 +20,19 @@ already-cached blocks stores nothing new, so nothing announces them, and such a 
 timer/probe path. A hit reaches only as far as the first missing block (the chain is matched from its
 start), so `resident_tokens` is the blocks held from the start times the block size.
 
+Hybrid models keep several KV cache groups (full attention, sliding window, Mamba), each with its own
+events (`group_idx`). For sliding-window and Mamba groups ("align" prefix caching) most positions hold the
+null block: `BlockPool.cache_full_blocks` skips null blocks in `block_hashes` but still sends `token_ids`
+for the whole run (vllm-project/vllm `vllm/v1/core/block_pool.py`
+@ c59cb7941357443da7c5eef75cfa8697d683d228: "Some blocks may be null blocks when enabling sparse attention
+like sliding window attention, or Mamba models with prefix-caching in align mode. We skip null blocks
+here."). The hashes are the request's own block hashes (`request.block_hashes`, the same for every group
+of one block size), so such a "sparse" group is tracked by the hashes it holds, and a prefix needs, in it,
+the block at the prefix's end (the state a hit resumes from), whose hash its full-attention chain gives. A
+group is sparse once one of its events carries fewer hashes than its tokens make blocks, or says its kind
+is sliding window or Mamba (`kv_cache_spec_kind`). A prefix is RESIDENT only while every group holds what
+it needs; a sparse group whose needed block is gone makes it EVICTED with nothing resident.
+
 A hash is held or not: a second `BlockStored` of a held hash changes nothing and one `BlockRemoved`
 drops it. vLLM does not de-duplicate blocks (two requests computing one prefix at once may each cache a
 copy; `vllm/v1/core/block_pool.py`), so a removal may leave a copy behind, and with a request's
@@ -54,6 +67,7 @@ class BlockStored:
     group: int = 0  # KV cache group (hybrid models have several); None on the wire is group 0
     medium: str | None = None
     plain: bool = True  # no LoRA and no extra hash keys: a block a warm request can have stored
+    sparse: bool = False  # the group's kind keeps only some positions (sliding window, Mamba)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +205,7 @@ class _Watched:
     digests: dict[int, tuple[int, ...]] = field(default_factory=dict)  # per block size
     chain: list[tuple[int, BlockHash]] = field(default_factory=list)  # (group, hash) of held blocks
     frontier: list[tuple[int, BlockHash | None, int]] = field(default_factory=list)  # next block per group
+    needs: list[tuple[int, BlockHash]] = field(default_factory=list)  # sparse groups' missing end blocks
 
     def digests_for(self, block_size: int) -> tuple[int, ...]:
         cached = self.digests.get(block_size)
@@ -220,6 +235,8 @@ class BoxResidency:
         self._watched: dict[str, _Watched] = {}
         self._holders: dict[tuple[int, BlockHash], set[str]] = {}  # held block -> prefixes through it
         self._waiting: dict[tuple[int, BlockHash | None, int], set[str]] = {}  # next block -> prefixes
+        self._sparse: set[int] = set()  # groups that keep only some positions (null blocks skipped)
+        self._needed: dict[tuple[int, BlockHash], set[str]] = {}  # a sparse group's block -> prefixes
         self._before: dict[str, PrefixState] = {}  # each prefix's state before the running call
         self.horizon = EvictionHorizon()
 
@@ -281,6 +298,7 @@ class BoxResidency:
         """Events were missed beyond repair: nothing is known any more, the learning starts over."""
         self._drop_mirror()
         self._block_size.clear()
+        self._sparse.clear()
         for watched in self._watched.values():
             self._note(watched)
             watched.state, watched.resident_tokens = PrefixState.UNKNOWN, 0
@@ -301,15 +319,21 @@ class BoxResidency:
         self._child.clear()
         self._holders.clear()
         self._waiting.clear()
+        self._needed.clear()
         for watched in self._watched.values():
             watched.chain.clear()
             watched.frontier.clear()
+            watched.needs.clear()
 
     def _store(self, event: BlockStored, touched: dict[str, _Watched], ts: float | None) -> None:
         if not event.plain or event.block_size < 1:
             return
-        if len(event.token_ids) != len(event.block_hashes) * event.block_size:
+        blocks, rest = divmod(len(event.token_ids), event.block_size)
+        if rest or len(event.block_hashes) > blocks:
             return  # not one run of full blocks: nothing to index it by
+        if event.sparse or len(event.block_hashes) < blocks or event.group in self._sparse:
+            self._store_sparse(event, touched, ts)
+            return
         new_size = self._block_size.get(event.group) != event.block_size
         self._block_size[event.group] = event.block_size
         parent = event.parent_hash
@@ -325,6 +349,17 @@ class BoxResidency:
             parent = block_hash
         if new_size:
             touched.update(self._watched)
+
+    def _store_sparse(self, event: BlockStored, touched: dict[str, _Watched], ts: float | None) -> None:
+        """A group that skips null blocks: which hashes it holds is all there is to know."""
+        if event.group not in self._sparse or self._block_size.get(event.group) != event.block_size:
+            self._sparse.add(event.group)
+            self._block_size[event.group] = event.block_size
+            touched.update(self._watched)  # a group (or its block size) every prefix now needs
+        for block_hash in event.block_hashes:
+            self._live[(event.group, block_hash)] = _Block(None, 0, ts)
+            for prefix_hash in self._needed.get((event.group, block_hash), ()):
+                touched[prefix_hash] = self._watched[prefix_hash]
 
     def _remove(self, event: BlockRemoved, touched: dict[str, _Watched], ts: float | None) -> None:
         for block_hash in event.block_hashes:
@@ -361,11 +396,15 @@ class BoxResidency:
         touched.clear()
 
     def _walk(self, watched: _Watched) -> None:
-        """Follow the prefix's blocks from the root in every group; the shortest run held decides."""
+        """Follow the prefix's blocks from the root in every full group (the shortest run held decides),
+        then ask each sparse group for the block at the prefix's end."""
         self._unlink(watched)
         resident: int | None = None
         complete = bool(self._block_size)
+        chains: dict[int, list[BlockHash]] = {}  # block size -> the prefix's whole chain, where held
         for group, size in sorted(self._block_size.items()):
+            if group in self._sparse:
+                continue
             digests = watched.digests_for(size)
             parent: BlockHash | None = None
             held = 0
@@ -380,7 +419,22 @@ class BoxResidency:
                 watched.frontier.append((group, parent, digests[held]))
             if not digests or held < len(digests):
                 complete = False
+            elif size not in chains:
+                chains[size] = [h for g, h in watched.chain if g == group]
             tokens = held * size
+            resident = tokens if resident is None else min(resident, tokens)
+        for group in sorted(self._sparse):
+            size = self._block_size[group]
+            chain = chains.get(size)
+            end = None if chain is None else chain[-1]
+            if end is not None and (group, end) in self._live:
+                watched.chain.append((group, end))
+                tokens = len(chain or ()) * size
+            else:
+                complete = False  # its end block is gone, or which hash it is is not known yet
+                if end is not None:
+                    watched.needs.append((group, end))
+                tokens = 0
             resident = tokens if resident is None else min(resident, tokens)
         watched.resident_tokens = resident or 0
         if complete:
@@ -394,6 +448,8 @@ class BoxResidency:
             self._holders.setdefault(key, set()).add(watched.prefix_hash)
         for frontier in watched.frontier:
             self._waiting.setdefault(frontier, set()).add(watched.prefix_hash)
+        for need in watched.needs:
+            self._needed.setdefault(need, set()).add(watched.prefix_hash)
 
     def _unlink(self, watched: _Watched) -> None:
         for key in watched.chain:
@@ -408,8 +464,15 @@ class BoxResidency:
                 waiting.discard(watched.prefix_hash)
                 if not waiting:
                     del self._waiting[frontier]
+        for need in watched.needs:
+            needing = self._needed.get(need)
+            if needing is not None:
+                needing.discard(watched.prefix_hash)
+                if not needing:
+                    del self._needed[need]
         watched.chain.clear()
         watched.frontier.clear()
+        watched.needs.clear()
 
     def _tracked_tokens(self, watched: _Watched) -> int:
         sizes = [size * len(watched.digests_for(size)) for size in self._block_size.values()]

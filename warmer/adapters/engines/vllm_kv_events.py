@@ -111,6 +111,12 @@ def _no_extra_keys(value: object) -> bool:
     return all(entry is None or entry == [] or entry == () for entry in value)
 
 
+def _sparse_kind(kind: str | None) -> bool:
+    """A group kind that keeps only some positions (null blocks elsewhere): vLLM's `KVCacheSpecKind`
+    values "sliding_window", "sliding_window_mla" and "mamba" (full attention kinds keep every block)."""
+    return kind is not None and (kind.startswith("sliding_window") or kind == "mamba")
+
+
 def _own_cache(fields: Mapping[str, Any]) -> bool:
     """Not reported for a remote peer or by a secondary offloading tier."""
     locality = _optional_str(fields.get("locality"), "locality")
@@ -148,6 +154,7 @@ def _event(raw: object) -> CacheEvent | None:
                 and f.get("lora_name") is None
                 and _no_extra_keys(f.get("extra_keys"))
             ),
+            sparse=_sparse_kind(_optional_str(f.get("kv_cache_spec_kind"), "kv_cache_spec_kind")),
         )
     if tag == "BlockRemoved":
         f = _fields(body, _REMOVED_FIELDS)
