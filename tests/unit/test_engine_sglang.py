@@ -22,7 +22,7 @@ from tests.unit.engine_shapes import (
 from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.sglang import SglangEngine, layout_from_server_info
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import EngineKind, MambaStrategy, ModelProfile, Prefix
+from warmer.core.model import CacheTier, EngineKind, MambaStrategy, ModelProfile, Prefix
 from warmer.service.warming import WarmExecutor
 
 BOX = box(EngineKind.SGLANG)
@@ -442,3 +442,48 @@ def test_other_engines_refuse_a_rank() -> None:
     llama = LlamaCppEngine(Script().client())
     with pytest.raises(NotSupported, match="data-parallel rank"):
         run(llama.complete_prefix(box(EngineKind.LLAMACPP), PREFIX, rank=1))
+
+
+def hicache_generate(device: int, host: int, *, prompt_tokens: int = 150) -> dict[str, Any]:
+    """A /generate answer with HiCache on: `meta_info.cached_tokens` is device + host and
+    `cached_tokens_details` splits it (sglang managers/scheduler_output_processor_mixin.py
+    `_get_cached_tokens_details`: {"device": X, "host": Y} when HiCache is enabled, no L3 storage)."""
+    body = sglang_generate(prompt_tokens, device + host)
+    body["meta_info"]["cached_tokens_details"] = {"device": device, "host": host}
+    return body
+
+
+@pytest.mark.parametrize(("tier", "cached"), [(CacheTier.DEVICE, 16), (CacheTier.HOST, 144)])
+def test_a_hicache_host_hit_is_not_a_gpu_hit_unless_the_box_says_so(tier: CacheTier, cached: int) -> None:
+    from dataclasses import replace
+
+    script = Script().on("POST", "/generate", hicache_generate(16, 128))
+    report = run(engine(script).complete_prefix(replace(BOX, warm_tier=tier), PREFIX))
+    assert report.cached_tokens == cached
+
+
+def test_an_answer_from_another_dp_rank_is_an_error_not_a_hit() -> None:
+    """sglang tokenizer_manager.py: `meta_info["dp_rank"] = recv_obj.dp_ranks[i]`."""
+    answered = sglang_generate(150, 140)
+    answered["meta_info"]["dp_rank"] = 0
+    script = Script().on("POST", "/generate", answered)
+    with pytest.raises(MalformedResponse, match="asked data-parallel rank 1, answered by rank 0"):
+        run(engine(script).complete_prefix(BOX, PREFIX, rank=1))
+    assert run(engine(script).complete_prefix(BOX, PREFIX, rank=0)).cached_tokens == 140
+
+
+@pytest.mark.parametrize(("policy", "sent"), [("priority", 100), ("lru", None)])
+def test_warm_requests_carry_the_boxs_priority_where_the_server_evicts_by_priority(
+    policy: str, sent: int | None
+) -> None:
+    """`--radix-eviction-policy priority` (sglang mem_cache/evict_policy.py `PriorityStrategy`: lowest
+    priority evicted first), read from /server_info `radix_eviction_policy`."""
+    from dataclasses import replace
+
+    info = {**sglang_server_info(), "radix_eviction_policy": policy}
+    script = Script().on("GET", "/server_info", info).on("POST", "/generate", sglang_generate(150, 0))
+    run(engine(script).complete_prefix(replace(BOX, warm_priority=100), PREFIX))
+    run(engine(script).complete_prefix(BOX, PREFIX))  # no warm_priority: nothing sent
+    first, second = script.bodies("/generate")
+    assert first.get("priority") == sent
+    assert "priority" not in second

@@ -1,4 +1,4 @@
-"""`[fleet.boxes.kv_events]`: where a vLLM box publishes its KV cache events, checked before anything runs."""
+"""`[fleet.boxes.kv_events]` (vLLM, SGLang) and the SGLang box options, checked before anything runs."""
 
 from __future__ import annotations
 
@@ -73,14 +73,16 @@ def test_a_bad_address_is_refused_by_field(tmp_path: Path, kv_events: str, path:
     assert named in problems[0][1]
 
 
-def test_kv_events_on_another_engine_is_refused(tmp_path: Path) -> None:
-    problems = load(
-        tmp_path, BOX.format(engine="sglang") + "[fleet.boxes.kv_events]\nendpoint = 'tcp://h:1'\n"
-    )
+def test_kv_events_on_an_sglang_box_are_accepted_and_on_llamacpp_refused(tmp_path: Path) -> None:
+    """SGLang publishes the same ZeroMQ KV events as vLLM (python/sglang/srt/disaggregation/kv_events.py
+    @ 006d053f182f9b488d2bd841afa06d5f9120a258); llama-server publishes none."""
+    events = "[fleet.boxes.kv_events]\nendpoint = 'tcp://h:1'\n"
+    assert load(tmp_path, BOX.format(engine="sglang") + events) == (KvEventsEndpoint("tcp://h:1"),)
+    problems = load(tmp_path, BOX.format(engine="llamacpp") + events)
     assert isinstance(problems, list)
     assert len(problems) == 1
     assert problems[0][0].startswith("fleet.boxes[0]")
-    assert "vllm boxes only" in problems[0][1]
+    assert "vllm and sglang boxes only" in problems[0][1]
 
 
 def test_an_ipc_address_is_accepted(tmp_path: Path) -> None:
@@ -106,3 +108,18 @@ def test_a_box_added_by_a_deploy_event_may_not_name_event_sockets() -> None:
         parse_deploy_event(json.dumps(body), box_url_policy=BoxUrlPolicy(("http://10.0.9.*:8000",)))
     assert [path for path, _ in caught.value.problems] == ["box.kv_events"]
     assert "config file only" in caught.value.problems[0][1]
+
+
+def test_sglang_warm_tier_and_priority_reach_the_box_and_are_refused_elsewhere(tmp_path: Path) -> None:
+    path = tmp_path / "warmer.toml"
+    path.write_text(BOX.format(engine="sglang") + "warm_tier = 'host'\nwarm_priority = 7\n")
+    (spec,) = load_settings(path).box_specs()
+    assert (spec.warm_tier, spec.warm_priority) == ("host", 7)
+    for option in ("warm_tier = 'host'", "warm_priority = 7"):
+        problems = load(tmp_path, BOX.format(engine="vllm") + option + "\n")
+        assert isinstance(problems, list)
+        assert len(problems) == 1
+        assert f"{option.split()[0]} applies to sglang boxes only" in problems[0][1]
+    bad = load(tmp_path, BOX.format(engine="sglang") + "warm_tier = 'disk'\n")
+    assert isinstance(bad, list)
+    assert [p for p, _ in bad] == ["fleet.boxes[0].warm_tier"]

@@ -95,7 +95,29 @@ class BoxSettings(Section):
 
     kv_events: KvEventsSettings | None = Field(
         default=None,
-        description="The box's KV cache event stream (vLLM boxes only); unset: evictions are found by probe.",
+        description=(
+            "The box's KV cache event stream (vLLM and SGLang boxes: both publish the same events over "
+            "ZeroMQ); unset: evictions are found by probe."
+        ),
+    )
+    warm_tier: Literal["device", "host"] = Field(
+        default="device",
+        description=(
+            "SGLang with HiCache (`--enable-hierarchical-cache`) answers how many cached tokens came from "
+            "GPU memory and how many from host memory (`meta_info.cached_tokens_details`). `device`: only "
+            "GPU hits count as warm (a host hit still copies the KV back to the GPU before the first token); "
+            "`host`: either counts. SGLang boxes only."
+        ),
+    )
+    warm_priority: int | None = Field(
+        default=None,
+        description=(
+            "On an SGLang box started with `--radix-eviction-policy priority` (read from /server_info), warm "
+            "requests carry this `priority`, so the prefixes they store are evicted after lower-priority "
+            "requests' (the policy evicts the lowest priority first, least recently used within one). "
+            "Unset: none sent. With `--enable-priority-scheduling` the value also orders scheduling: choose "
+            "one that does not jump real calls. SGLang boxes only."
+        ),
     )
 
     @field_validator("base_url")
@@ -104,9 +126,14 @@ class BoxSettings(Section):
         return http_url(value, "base_url")
 
     @model_validator(mode="after")
-    def _kv_events_on_vllm(self) -> BoxSettings:
-        if self.kv_events is not None and self.engine is not EngineKind.VLLM:
-            raise ValueError(f"kv_events is read from vllm boxes only, not {self.engine.value}")
+    def _engine_options(self) -> BoxSettings:
+        if self.kv_events is not None and self.engine not in (EngineKind.VLLM, EngineKind.SGLANG):
+            raise ValueError(f"kv_events is read from vllm and sglang boxes only, not {self.engine.value}")
+        if self.engine is not EngineKind.SGLANG:
+            if self.warm_tier != "device":
+                raise ValueError(f"warm_tier applies to sglang boxes only, not {self.engine.value}")
+            if self.warm_priority is not None:
+                raise ValueError(f"warm_priority applies to sglang boxes only, not {self.engine.value}")
         return self
 
 

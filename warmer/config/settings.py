@@ -36,7 +36,7 @@ from warmer.config.loop_settings import (
 )
 from warmer.config.server_settings import ApiSettings, DatabaseSettings, LoggingSettings, ReplicaSettings
 from warmer.core.errors import ConfigError
-from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, ModelProfile, RetryPolicy
+from warmer.core.model import BoxSpec, CacheTier, EngineKind, EngineTimeouts, ModelProfile, RetryPolicy
 
 CONFIG_ENV_VAR = "WARMER_CONFIG"
 
@@ -116,6 +116,8 @@ class Settings(BaseSettings):
                     cache_capacity_tokens=box.cache_capacity_tokens,
                     prefix_capacity=box.prefix_capacity,
                     kv_events=None if box.kv_events is None else box.kv_events.endpoint_spec(),
+                    warm_tier=CacheTier(box.warm_tier),
+                    warm_priority=box.warm_priority,
                 )
             )
         return tuple(specs)

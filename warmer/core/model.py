@@ -120,6 +120,13 @@ class CacheLayout:
                 raise ValueError(f"{name} must be >= 1, got {value}")
 
 
+class CacheTier(enum.StrEnum):
+    """Where a cache hit may come from and still count as warm (SGLang HiCache reports both)."""
+
+    DEVICE = "device"  # GPU memory only: a host-memory hit still copies the KV back before prefill
+    HOST = "host"  # GPU or host memory
+
+
 @dataclass(frozen=True, slots=True)
 class KvEventsEndpoint:
     """Where a box publishes its KV cache events (vLLM `--kv-events-config`): ZMQ PUB, optional replay."""
@@ -142,6 +149,10 @@ class BoxSpec:
     cache_capacity_tokens: int | None = None  # prefix tokens the box can hold, when known
     prefix_capacity: int | None = None  # distinct prefixes the box can hold at once, when known
     kv_events: KvEventsEndpoint | None = None  # its cache event stream, when it publishes one
+    # SGLang with HiCache: which cached tokens count as warm ("device": GPU only; "host": GPU + host memory)
+    warm_tier: CacheTier = CacheTier.DEVICE
+    # SGLang `--radix-eviction-policy priority`: the priority warm requests carry (None: none sent)
+    warm_priority: int | None = None
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -43,6 +43,26 @@ Sources (sgl-project/sglang):
   - the box being unreachable (no answer at all) and coming back. A 503 or a slow /health from a process
     that still answers is not a restart.
 
+Which cached tokens are warm, which rank answered, and how a warm asks to stay (sgl-project/sglang):
+- With HiCache (`--enable-hierarchical-cache`) `meta_info.cached_tokens_details` splits the hit into
+  `{"device": N, "host": M}` (plus `storage`, `storage_backend` with an L3 tier); it is absent without
+  HiCache or when nothing was cached (managers/scheduler_output_processor_mixin.py
+  `_get_cached_tokens_details`, copied into `meta_info` by managers/tokenizer_manager.py
+  `_handle_batch_output`). `meta_info.cached_tokens` is their sum, so a prefix moved to host memory reads
+  as a full hit although its KV is copied back to the GPU before prefill. The box's `warm_tier` says what
+  counts: "device" (default) takes `device` alone, "host" device + host.
+- `meta_info.dp_rank` names the data-parallel rank that answered (tokenizer_manager.py:
+  `meta_info["dp_rank"] = recv_obj.dp_ranks[i]`). A warm or probe aimed at a rank that another rank
+  answered verified nothing about the rank asked for: it is an error, never a hit.
+- `--radix-eviction-policy priority` evicts the lowest `priority` first, least recently used within one
+  (mem_cache/evict_policy.py `PriorityStrategy.get_priority`: `(node.priority, node.last_access_time)`);
+  /server_info publishes the policy (`radix_eviction_policy`). Where it is on and the box names a
+  `warm_priority`, warm requests carry it (GenerateReqInput `priority`).
+- KV cache events: SGLang publishes the same ZeroMQ stream as vLLM (`--kv-events-config`,
+  disaggregation/kv_events.py @ 006d053f182f9b488d2bd841afa06d5f9120a258: array-encoded
+  `[ts, events]`, `BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id)`, a
+  replay socket, each DP rank on port + rank); `vllm_kv_events` reads both encodings.
+
 Prompts are sent as text: SGLang tokenizes the same text the same way for the warm, the probe and the chat
 requests it renders, and /generate cannot mix token ids with a text suffix.
 
@@ -70,11 +90,12 @@ from warmer.adapters.engines.base import (
 )
 from warmer.adapters.engines.http import EngineRejected, JsonObject
 from warmer.adapters.engines.restart_watch import RestartWatch
-from warmer.core.errors import EngineUnavailable, NotSupported
+from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
     CacheLayout,
+    CacheTier,
     CompletionReport,
     EngineKind,
     EngineTimeouts,
@@ -86,14 +107,27 @@ from warmer.core.model import (
 GENERATE_PATH = "/generate"
 
 
-def parse_generate(box: BoxSpec, body: JsonObject, wall_seconds: float) -> CompletionReport:
-    """`meta_info.prompt_tokens` and `meta_info.cached_tokens`, checked."""
+def parse_generate(
+    box: BoxSpec, body: JsonObject, wall_seconds: float, *, rank: int | None = None
+) -> CompletionReport:
+    """`meta_info.prompt_tokens` and the cached tokens of the box's `warm_tier`, checked; with `rank`, the
+    answering `meta_info.dp_rank` must be it (see the module docstring)."""
     prompt_tokens = count_field(box, GENERATE_PATH, body, "meta_info.prompt_tokens")
     cached = count_field(
         box, GENERATE_PATH, body, "meta_info.cached_tokens", cache_field=True,
         hint="SGLang too old to report meta_info.cached_tokens",
     )  # fmt: skip
+    details = body.get("meta_info", {}).get("cached_tokens_details")
+    if isinstance(details, dict) and "device" in details:
+        device = count_field(box, GENERATE_PATH, body, "meta_info.cached_tokens_details.device")
+        host = count_field(box, GENERATE_PATH, body, "meta_info.cached_tokens_details.host")
+        cached = device if box.warm_tier is CacheTier.DEVICE else device + host
     check_cached_within_prompt(box, GENERATE_PATH, prompt_tokens, cached)
+    answered = body.get("meta_info", {}).get("dp_rank")
+    if rank is not None and isinstance(answered, int) and not isinstance(answered, bool) and answered != rank:
+        raise MalformedResponse(
+            box.id, f"{GENERATE_PATH} asked data-parallel rank {rank}, answered by rank {answered}"
+        )
     text = body.get("text")
     return CompletionReport(
         prompt_tokens=prompt_tokens,
@@ -151,6 +185,7 @@ class SglangEngine(EngineAdapter[str]):
         self._layouts: dict[str, CacheLayout] = {}  # box id -> layout of the last /server_info read
         self._epochs: dict[str, str] = {}  # box id -> the last epoch read
         self._pools: dict[str, int | None] = {}  # box id -> `max_total_num_tokens` of the last /server_info
+        self._priority_eviction: dict[str, bool] = {}  # box id -> runs --radix-eviction-policy priority
 
     async def _server_info(self, box: BoxSpec) -> JsonObject:
         """/server_info, or the deprecated /get_server_info on servers that predate it."""
@@ -162,6 +197,7 @@ class SglangEngine(EngineAdapter[str]):
             info = await self._http.get_json(box, "/get_server_info", time_limit=self._http.timeouts.health)
         self._layouts[box.id] = layout_from_server_info(info)
         self._pools[box.id] = _positive_int(info.get("max_total_num_tokens"))
+        self._priority_eviction[box.id] = info.get("radix_eviction_policy") == "priority"
         return info
 
     async def capacity(self, box: BoxSpec) -> BoxCapacity:
@@ -253,7 +289,15 @@ class SglangEngine(EngineAdapter[str]):
         dispatches to that rank (managers/data_parallel_controller.py:
         `if req.routed_dp_rank is not None`)."""
         prompt = await self._prompt_for(box, prefix, suffix)
-        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, rank=rank)
+        priority = None
+        if box.warm_priority is not None:
+            if box.id not in self._priority_eviction:
+                await self._server_info(box)
+            if self._priority_eviction.get(box.id):
+                priority = box.warm_priority
+        return await self._complete(
+            box, prompt, max_tokens=max_tokens, temperature=0.0, rank=rank, priority=priority
+        )
 
     async def _complete(
         self,
@@ -265,6 +309,7 @@ class SglangEngine(EngineAdapter[str]):
         json_schema: dict[str, object] | None = None,
         time_limit: float | None = None,
         rank: int | None = None,
+        priority: int | None = None,
     ) -> CompletionReport:
         params: JsonObject = {"max_new_tokens": max_tokens, "temperature": temperature}
         if json_schema is not None:
@@ -272,9 +317,11 @@ class SglangEngine(EngineAdapter[str]):
         body: JsonObject = {"text": prompt, "sampling_params": params, "stream": False}
         if rank is not None:
             body["data_parallel_rank"] = rank
+        if priority is not None:
+            body["priority"] = priority
         response, wall = await self._http.post_json(box, GENERATE_PATH, body, time_limit=time_limit)
         reject_error_body(box, GENERATE_PATH, response, unless="meta_info")
-        return parse_generate(box, response, wall)
+        return parse_generate(box, response, wall, rank=rank)
 
     async def render_chat(
         self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
