@@ -235,4 +235,6 @@ class CacheEventStream(Protocol):
 class CacheEventPort(Protocol):
     """Opens a box's event stream (`BoxSpec.kv_events`)."""
 
-    def subscribe(self, box: BoxSpec) -> CacheEventStream: ...
+    def subscribe(self, box: BoxSpec, rank: int = 0) -> CacheEventStream:
+        """The box's stream; `rank`: a data-parallel rank's own stream (published on its own port)."""
+        ...

@@ -150,8 +150,8 @@ class FakePort:
             self.changed.clear()
             await self.changed.wait()
 
-    def subscribe(self, box: BoxSpec) -> FakeStream:
-        self.subscribed.append(box.id)
+    def subscribe(self, box: BoxSpec, rank: int = 0) -> FakeStream:
+        self.subscribed.append(box.id if rank == 0 else f"{box.id}:{rank}")
         self.changed.set()
         stream = FakeStream(self.publisher)
         self.publisher.streams.append(stream)

@@ -277,6 +277,63 @@ def test_a_changed_engine_identity_is_a_restart_even_when_the_numbers_run_on() -
     assert rig.publisher.replays == [0]
 
 
+class RankedPort:
+    """One publisher per data-parallel rank, each on its own port (`subscribe(box, rank)`)."""
+
+    def __init__(self, ranks: int) -> None:
+        self.publishers = [FakePublisher() for _ in range(ranks)]
+        self.subscribed: list[tuple[str, int]] = []
+
+    def subscribe(self, box: BoxSpec, rank: int = 0) -> FakeStream:
+        self.subscribed.append((box.id, rank))
+        stream = FakeStream(self.publishers[rank])
+        self.publishers[rank].streams.append(stream)
+        return stream
+
+
+def test_each_data_parallel_rank_is_its_own_stream_and_a_prefix_is_resident_only_on_all() -> None:
+    """vLLM / SGLang with data parallelism: each rank has its own cache and publishes on port + rank. A
+    prefix warmed on every rank is RESIDENT once every rank stored it, EVICTED when one rank drops it."""
+
+    async def scenario() -> tuple[RankedPort, Listener, list[object]]:
+        port, listener = RankedPort(2), Listener()
+
+        async def two_ranks(box: BoxSpec) -> int:
+            return 2
+
+        watcher = CacheEventWatcher(
+            port=port,
+            listener=listener,
+            fleet=lambda: [BOX],
+            tokenize=lambda box, text: asyncio.sleep(0, result=[]),
+            clock=TickClock(),
+            ranks_of=two_ranks,
+        )
+        await watcher.sync_fleet([BOX])
+        await asyncio.sleep(0)
+        for publisher in port.publishers:
+            await publisher.settled()
+        await watcher.watch(BOX, PREFIX)
+        caches = [FakeCache(salt=1), FakeCache(salt=2)]  # each rank's own hashes
+        seen: list[object] = []
+        port.publishers[0].publish(caches[0].store(PROMPT))
+        await port.publishers[0].settled()
+        seen.append(getattr(watcher.state("v1", PREFIX.hash), "state", None))
+        port.publishers[1].publish(caches[1].store(PROMPT))
+        await port.publishers[1].settled()
+        seen.append(getattr(watcher.state("v1", PREFIX.hash), "state", None))
+        port.publishers[1].publish(caches[1].evict(PROMPT, 1))
+        await port.publishers[1].settled()
+        seen.append(getattr(watcher.state("v1", PREFIX.hash), "state", None))
+        await watcher.close()
+        return port, listener, seen
+
+    port, listener, seen = asyncio.run(scenario())
+    assert port.subscribed == [("v1", 0), ("v1", 1)]
+    assert seen == [PrefixState.UNKNOWN, PrefixState.RESIDENT, PrefixState.EVICTED]
+    assert ("evicted", "v1", PREFIX.hash, "4") in listener.calls
+
+
 def test_all_blocks_cleared_evicts_each_watched_prefix() -> None:
     async def scenario() -> Rig:
         rig, cache = make_rig(), FakeCache()

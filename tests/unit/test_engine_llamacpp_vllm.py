@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -378,3 +379,76 @@ def test_vllm_epoch_poll_refreshes_the_layout() -> None:
     assert run(eng.cache_layout(VLLM)).page_tokens == 128  # cached from the epoch poll
     run(eng.epoch(VLLM))
     assert run(eng.cache_layout(VLLM)).page_tokens == 16
+
+
+def vllm_data_parallel_metrics(ranks: int, *, blocks: tuple[int, ...] = ()) -> str:
+    """`--data-parallel-size N`: every `vllm:` series once per engine (its `engine` label), the cache
+    config included (vllm/v1/metrics/loggers.py: one labelled series per engine index)."""
+    lines = ["# TYPE vllm:cache_config_info gauge"]
+    for rank in range(ranks):
+        count = blocks[rank] if blocks else 2048
+        lines.append(
+            f'vllm:cache_config_info{{block_size="16",enable_prefix_caching="True",engine="{rank}",'
+            f'num_gpu_blocks="{count}"}} 1.0'
+        )
+        lines.append(f'vllm:kv_cache_usage_perc{{engine="{rank}",model_name="m"}} {0.1 * (rank + 1)}')
+    return "\n".join(lines) + "\n"
+
+
+def _shared(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+class DataParallelVllm:
+    """A vLLM server with N data-parallel ranks, each with its own prefix cache (block 16): a request
+    naming its rank in `X-data-parallel-rank` goes there, others round robin (vLLM's DP load balancer
+    spreads them)."""
+
+    def __init__(self, ranks: int) -> None:
+        self.ranks = ranks
+        self.seen: list[list[str]] = [[] for _ in range(ranks)]
+        self.next_rank = 0
+        self.routed: list[int] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        header = request.headers.get("X-data-parallel-rank")
+        if header is None:
+            rank, self.next_rank = self.next_rank, (self.next_rank + 1) % self.ranks
+        else:
+            rank = int(header)
+        self.routed.append(rank)
+        text = json.loads(request.content)["prompt"]
+        common = max((_shared(seen, text) for seen in self.seen[rank]), default=0)
+        self.seen[rank].append(text)
+        cached = min(common, len(text) - 1) // 16 * 16
+        return httpx.Response(200, json=openai_completion(len(text), cached))
+
+
+def test_vllm_data_parallel_ranks_are_read_from_the_server_and_each_warmed_by_header() -> None:
+    server = DataParallelVllm(ranks=2)
+    script = (
+        Script()
+        .on("GET", "/v1/models", MODELS)
+        .on("GET", "/metrics", httpx.Response(200, text=vllm_data_parallel_metrics(2)))
+        .on("POST", "/v1/completions", server.handle)
+    )
+    profile = ModelProfile(name="m", engine=EngineKind.VLLM)
+    prefix = Prefix(text="You are a voice agent. " * 20, token_count=460)
+    outcome = run(WarmExecutor(vllm(script), _Clock()).warm_and_verify(VLLM, profile, prefix))
+    assert outcome.verified, outcome.reason
+    assert outcome.ranks == 2
+    assert server.routed == [0, 0, 1, 1]  # warm + probe on rank 0, then on rank 1
+    assert "on each of 2 DP ranks" in outcome.describe()
+
+
+def test_vllm_capacity_is_one_ranks_pool_with_the_busiest_ranks_share() -> None:
+    """Every rank must hold every prefix of the box: the pool is one rank's (the smallest), not the sum."""
+    text = vllm_data_parallel_metrics(2, blocks=(2048, 1024))
+    script = Script().on("GET", "/metrics", httpx.Response(200, text=text))
+    capacity = run(vllm(script).capacity(VLLM))
+    assert capacity.pool_tokens == 1024 * 16
+    assert capacity.used_share == pytest.approx(0.2)
+    assert "2 data-parallel ranks" in capacity.source

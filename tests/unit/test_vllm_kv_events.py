@@ -24,7 +24,13 @@ from tests.unit.engine_shapes import FAST_RETRY, SHORT_TIMEOUTS, Script, openai_
 from tests.unit.engine_shapes import box as shapes_box
 from tests.unit.engine_shapes import run as shapes_run
 from warmer.adapters.engines.vllm import VllmEngine
-from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource, ZmqKvEventStream, decode_batch
+from warmer.adapters.engines.vllm_kv_events import (
+    ZmqKvEventSource,
+    ZmqKvEventStream,
+    decode_batch,
+    offset_address,
+    rank_endpoint,
+)
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix
 from warmer.core.residency import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
@@ -141,6 +147,16 @@ def test_a_sliding_window_or_mamba_group_kind_marks_its_blocks_sparse() -> None:
     events = decode_batch("b1", 0, encode({"ts": 0, "events": raw})).events
 
     assert [e.sparse for e in events if isinstance(e, BlockStored)] == [True, True, True, False, False]
+
+
+def test_a_data_parallel_rank_publishes_on_the_base_port_plus_its_rank() -> None:
+    """vllm/distributed/kv_events.py and sglang disaggregation/kv_events.py @ 006d053f
+    (`offset_endpoint_port`): tcp port + rank, ipc/inproc `_dp{rank}`; rank 0 as configured."""
+    base = KvEventsEndpoint("tcp://10.0.0.5:5557", "tcp://10.0.0.5:5558", "kv")
+    assert rank_endpoint(base, 0) == base
+    assert rank_endpoint(base, 3) == KvEventsEndpoint("tcp://10.0.0.5:5560", "tcp://10.0.0.5:5561", "kv")
+    assert offset_address("ipc:///run/vllm/kv", 2) == "ipc:///run/vllm/kv_dp2"
+    assert rank_endpoint(KvEventsEndpoint("tcp://h:1"), 1) == KvEventsEndpoint("tcp://h:2")
 
 
 def test_an_unknown_event_kind_is_skipped() -> None:

@@ -21,6 +21,11 @@ def follows_events(boxes: Sequence[BoxSpec]) -> bool:
     return any(box.kv_events is not None for box in boxes)
 
 
+async def _ranks(engine: EnginePort, box: BoxSpec) -> int:
+    """The box's data-parallel ranks as its server reports them (each publishes its own event stream)."""
+    return (await engine.cache_layout(box)).data_parallel_ranks
+
+
 def cache_event_task(
     *,
     fleet: Callable[[], Mapping[str, BoxSpec]],
@@ -39,6 +44,7 @@ def cache_event_task(
             tokenize=engine.tokenize,
             clock=clock,
             epoch_of=reactions.epoch_of,
+            ranks_of=lambda box: _ranks(engine, box),
         )
         reactions.attach(watcher)
         try:

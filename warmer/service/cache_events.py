@@ -93,8 +93,11 @@ class CacheEventsConfig:
 
 @dataclass(slots=True)
 class _Follow:
+    """One data-parallel rank's stream of a box (rank 0 without data parallelism)."""
+
     box: BoxSpec
     residency: BoxResidency
+    rank: int = 0
     task: asyncio.Task[None] | None = None
     cursor: SequenceCursor = field(default_factory=SequenceCursor)
     last_batch: EventBatch | None = None  # the last one applied, as received (a replay must match it)
@@ -114,30 +117,37 @@ class CacheEventWatcher:
         clock: Clock,
         config: CacheEventsConfig | None = None,
         epoch_of: Callable[[str], str | None] = lambda _box_id: None,
+        ranks_of: Callable[[BoxSpec], Awaitable[int]] | None = None,
     ) -> None:
         """`tokenize`: the engine's own token ids for a prefix sent as text (`EnginePort.tokenize`);
-        `epoch_of`: the box's current engine identity (its epoch), None while not known."""
+        `epoch_of`: the box's current engine identity (its epoch), None while not known; `ranks_of`: how
+        many data-parallel ranks the server runs (each publishes its own stream; unset: one)."""
         self._epoch_of = epoch_of
+        self._ranks_of = ranks_of
+        self._ranks: dict[str, int] = {}  # box id -> ranks last read
         self._port = port
         self._listener = listener
         self._fleet = fleet
         self._tokenize = tokenize
         self._clock = clock
         self._config = config or CacheEventsConfig()
-        self._follows: dict[str, _Follow] = {}
+        self._follows: dict[tuple[str, int], _Follow] = {}  # (box id, data-parallel rank)
         self._log = structlog.stdlib.get_logger(__name__)
+
+    def _of(self, box_id: str) -> list[_Follow]:
+        return [f for (b, _), f in sorted(self._follows.items()) if b == box_id]
 
     # -- what the reconciler asks
 
     def follows(self, box_id: str) -> bool:
         """Whether the box's evictions are seen (it has an event stream being read)."""
-        return box_id in self._follows
+        return bool(self._of(box_id))
 
     async def watch(self, box: BoxSpec, prefix: Prefix) -> PrefixResidency | None:
-        """Follow a warmed prefix on a box (None: the box has no event stream); blocks already stored
-        count at once. A prefix sent as text is tokenized by the engine, as its warm request was."""
-        follow = self._follows.get(box.id)
-        if follow is None:
+        """Follow a warmed prefix on a box, on every rank (None: the box has no event stream); blocks
+        already stored count at once. A prefix sent as text is tokenized by the engine, as its warm was."""
+        follows = self._of(box.id)
+        if not follows:
             return None
         token_ids = list(prefix.token_ids) if prefix.token_ids is not None else None
         if token_ids is None:
@@ -146,24 +156,49 @@ class CacheEventWatcher:
             except WarmerError as exc:
                 self._log.warning("kv event: cannot tokenize prefix to watch it", box=box.id, error=str(exc))
                 return None
-        if self._follows.get(box.id) is not follow:
-            return None  # the box left (or its stream was reopened) while the engine tokenized
-        self._report(box.id, follow.residency.watch(prefix.hash, token_ids))
-        return follow.residency.state(prefix.hash)
+        if self._of(box.id) != follows:
+            return None  # the box left (or its streams were reopened) while the engine tokenized
+        for follow in follows:
+            self._report(box.id, follow.residency.watch(prefix.hash, token_ids))
+        return self.state(box.id, prefix.hash)
 
     def forget(self, box_id: str, prefix_hash: str) -> None:
-        follow = self._follows.get(box_id)
-        if follow is not None:
+        for follow in self._of(box_id):
             follow.residency.forget(prefix_hash)
 
     def state(self, box_id: str, prefix_hash: str) -> PrefixResidency | None:
-        follow = self._follows.get(box_id)
-        return None if follow is None else follow.residency.state(prefix_hash)
+        """The prefix on the box: RESIDENT only when every rank holds it, EVICTED when one lost it."""
+        views = [f.residency.state(prefix_hash) for f in self._of(box_id)]
+        known = [v for v in views if v is not None]
+        if not known or len(known) < len(views):
+            return None
+        if len(known) == 1:
+            return known[0]
+        states = {v.state for v in known}
+        state = (
+            PrefixState.EVICTED
+            if PrefixState.EVICTED in states
+            else PrefixState.RESIDENT
+            if states == {PrefixState.RESIDENT}
+            else PrefixState.UNKNOWN
+        )
+        return PrefixResidency(
+            prefix_hash,
+            state,
+            min(v.resident_tokens for v in known),
+            min(v.tracked_tokens for v in known),
+            max(v.block_tokens for v in known),
+        )
 
     def horizons(self) -> dict[str, float]:
-        """Per followed box, how long an unused block lasts there before eviction, where measured yet."""
-        measured = {box_id: f.residency.horizon.seconds() for box_id, f in self._follows.items()}
-        return {box_id: seconds for box_id, seconds in measured.items() if seconds is not None}
+        """Per followed box, how long an unused block lasts there before eviction (its shortest-lived
+        rank's), where measured yet."""
+        out: dict[str, float] = {}
+        for (box_id, _), follow in self._follows.items():
+            seconds = follow.residency.horizon.seconds()
+            if seconds is not None:
+                out[box_id] = min(seconds, out.get(box_id, seconds))
+        return out
 
     # -- the root task
 
@@ -171,34 +206,59 @@ class CacheEventWatcher:
         """Follow the fleet's streams until asked to stop; boxes added or removed are picked up."""
 
         async def follow_fleet() -> None:
-            self.sync_boxes(self._fleet())
+            await self.sync_fleet(self._fleet())
 
         try:
             await every_period(follow_fleet, self._clock, self._config.fleet_poll_seconds, stopping)
         finally:
             await self.close()
 
+    async def sync_fleet(self, boxes: Sequence[BoxSpec]) -> None:
+        """Read each box's data-parallel ranks, then follow what publishes (`sync_boxes`)."""
+        await self._read_ranks(boxes)
+        self.sync_boxes(boxes)
+
+    async def _read_ranks(self, boxes: Sequence[BoxSpec]) -> None:
+        """The data-parallel ranks of each box with events, as its server says (unchanged when it does not
+        answer now)."""
+        if self._ranks_of is None:
+            return
+        for box in boxes:
+            if box.kv_events is None:
+                continue
+            try:
+                self._ranks[box.id] = max(1, await self._ranks_of(box))
+            except WarmerError as exc:
+                self._log.debug("kv event: ranks not read", box=box.id, error=str(exc))
+
     def sync_boxes(self, boxes: Sequence[BoxSpec]) -> None:
-        """Start following boxes that publish events, stop following the others."""
-        wanted = {box.id: box for box in boxes if box.kv_events is not None}
-        for box_id in list(self._follows):
-            if box_id not in wanted or wanted[box_id] != self._follows[box_id].box:
-                self._stop(box_id)
-        for box_id, box in wanted.items():
-            if box_id not in self._follows:
-                follow = self._follows[box_id] = _Follow(
-                    box, BoxResidency(max_blocks=self._config.max_blocks)
+        """Start following boxes that publish events (one stream per data-parallel rank), stop following
+        the others."""
+        wanted = {
+            (box.id, rank): box
+            for box in boxes
+            if box.kv_events is not None
+            for rank in range(self._ranks.get(box.id, 1))
+        }
+        for key in list(self._follows):
+            if key not in wanted or wanted[key] != self._follows[key].box:
+                self._stop(key)
+        for key, box in wanted.items():
+            if key not in self._follows:
+                follow = self._follows[key] = _Follow(
+                    box, BoxResidency(max_blocks=self._config.max_blocks), rank=key[1]
                 )
-                follow.task = asyncio.create_task(self._follow(follow), name=f"kv-events:{box_id}")
+                name = f"kv-events:{box.id}" if key[1] == 0 else f"kv-events:{box.id}:rank{key[1]}"
+                follow.task = asyncio.create_task(self._follow(follow), name=name)
 
     async def close(self) -> None:
         tasks = [f.task for f in self._follows.values() if f.task is not None]
-        for box_id in list(self._follows):
-            self._stop(box_id)
+        for key in list(self._follows):
+            self._stop(key)
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _stop(self, box_id: str) -> None:
-        follow = self._follows.pop(box_id)
+    def _stop(self, key: tuple[str, int]) -> None:
+        follow = self._follows.pop(key)
         if follow.task is not None:
             follow.task.cancel()
 
@@ -210,7 +270,7 @@ class CacheEventWatcher:
             while True:
                 stream: CacheEventStream | None = None
                 try:
-                    stream = self._port.subscribe(follow.box)
+                    stream = self._port.subscribe(follow.box, follow.rank)
                     while True:
                         await self._take(follow, stream, await stream.receive())
                 except asyncio.CancelledError:

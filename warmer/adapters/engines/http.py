@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,12 +73,20 @@ class EngineHttp:
         return httpx.Timeout(seconds, connect=min(self.timeouts.connect, seconds))
 
     async def _once(
-        self, box: BoxSpec, method: str, path: str, body: JsonObject | None, time_limit: float
+        self,
+        box: BoxSpec,
+        method: str,
+        path: str,
+        body: JsonObject | None,
+        time_limit: float,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         url = box_url(box, path)
         started = time.perf_counter()
         try:
-            response = await self._client.request(method, url, json=body, timeout=self._timeout(time_limit))
+            response = await self._client.request(
+                method, url, json=body, headers=headers, timeout=self._timeout(time_limit)
+            )
         # httpx splits timeouts into connect / read / write / pool, all TimeoutException subclasses
         # (https://www.python-httpx.org/advanced/timeouts): only a connect timeout means no one took the call.
         except httpx.ConnectTimeout as exc:
@@ -110,6 +119,7 @@ class EngineHttp:
         body: JsonObject | None = None,
         time_limit: float | None = None,
         retry: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         """One call with the policy's retries for transient failures; raises typed errors."""
         limit = self.timeouts.request if time_limit is None else time_limit
@@ -125,7 +135,7 @@ class EngineHttp:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._once(box, method, path, body, limit)
+                return await self._once(box, method, path, body, limit, headers)
         raise AssertionError("unreachable: tenacity re-raises the last failure")  # pragma: no cover
 
     async def get_json(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> JsonObject:
@@ -133,10 +143,16 @@ class EngineHttp:
         return parse_object(box, path, result.text)
 
     async def post_json(
-        self, box: BoxSpec, path: str, body: JsonObject, *, time_limit: float | None = None
+        self,
+        box: BoxSpec,
+        path: str,
+        body: JsonObject,
+        *,
+        time_limit: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[JsonObject, float]:
         """POST and parse a JSON object; also returns the call's wall seconds."""
-        result = await self.request(box, "POST", path, body=body, time_limit=time_limit)
+        result = await self.request(box, "POST", path, body=body, time_limit=time_limit, headers=headers)
         return parse_object(box, path, result.text), result.seconds
 
     async def get_text(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> str:

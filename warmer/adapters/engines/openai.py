@@ -190,6 +190,7 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
         temperature: float,
         json_schema: dict[str, object] | None = None,
         time_limit: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> CompletionReport:
         body: JsonObject = {
             "prompt": prompt,
@@ -204,7 +205,9 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
                 "type": "json_schema",
                 "json_schema": {"name": "warmup", "schema": json_schema},
             }
-        response, wall = await self._http.post_json(box, COMPLETIONS_PATH, body, time_limit=time_limit)
+        response, wall = await self._http.post_json(
+            box, COMPLETIONS_PATH, body, time_limit=time_limit, headers=headers
+        )
         reject_error_body(box, COMPLETIONS_PATH, response, unless="usage")
         return parse_openai_completion(box, response, wall, hint=self.cache_hint)
 

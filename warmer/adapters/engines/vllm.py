@@ -27,6 +27,14 @@ Sources (vllm-project/vllm):
   hash is kept for prefix hits goes back on the free queue (`free_blocks`: `ref_cnt == 0` cached blocks are
   appended to `free_block_queue`). Cached blocks no request holds count as free: the gauge is the running
   requests' working set.
+- Data parallelism (`--data-parallel-size N` behind one API server): each rank is an engine with a KV cache
+  of its own, and every `vllm:` series carries the rank in its `engine` label (the loggers above), so the
+  ranks are the distinct `engine` values and the pool read from `vllm:cache_config_info` is one rank's
+  (the smallest, should they differ): every rank must hold every prefix of the box. A request picks its
+  rank with the `X-data-parallel-rank` header (vllm/entrypoints/openai/serving_engine.py
+  @ 7ded96b3c73f63400cdb048a73c34292ba862d99, `_get_data_parallel_rank`), so each rank is warmed and probed
+  by name. Each rank publishes its KV cache events on the configured port + its rank
+  (vllm/distributed/kv_events.py, `ZmqEventPublisher.offset_endpoint_port`).
 """
 
 from __future__ import annotations
@@ -43,34 +51,53 @@ from warmer.adapters.engines.base import (
 )
 from warmer.adapters.engines.http import JsonObject
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
-from warmer.core.model import BoxCapacity, BoxSpec, CacheLayout, EngineKind, Prefix
+from warmer.core.model import BoxCapacity, BoxSpec, CacheLayout, CompletionReport, EngineKind, Prefix
 from warmer.core.promtext import Sample
+
+DP_RANK_HEADER = "X-data-parallel-rank"
+
+
+def data_parallel_ranks(samples: Sequence[Sample]) -> int:
+    """How many engines (data-parallel ranks) the server's `vllm:` series name in their `engine` label."""
+    engines = {s.label("engine") for s in samples if s.name.startswith("vllm:")}
+    engines.discard(None)
+    return max(1, len(engines))
 
 
 def layout_from_metrics(samples: Sequence[Sample]) -> CacheLayout:
-    """`block_size` of `vllm:cache_config_info` (None when the gauge or the label is absent or odd)."""
+    """`block_size` of `vllm:cache_config_info` (None when the gauge or the label is absent or odd) and the
+    number of data-parallel ranks."""
+    ranks = data_parallel_ranks(samples)
     for sample in samples:
         if sample.name == "vllm:cache_config_info":
             value = sample.label("block_size")
             if value is not None and value.isdigit() and int(value) >= 1:
-                return CacheLayout(page_tokens=int(value), source="vllm /metrics vllm:cache_config_info")
-    return CacheLayout(source="vllm /metrics (no cache_config_info block_size)")
+                return CacheLayout(
+                    page_tokens=int(value),
+                    source="vllm /metrics vllm:cache_config_info",
+                    data_parallel_ranks=ranks,
+                )
+    return CacheLayout(source="vllm /metrics (no cache_config_info block_size)", data_parallel_ranks=ranks)
 
 
 def capacity_from_metrics(samples: Sequence[Sample]) -> BoxCapacity:
     """Pool = `num_gpu_blocks` x `block_size` of `vllm:cache_config_info`; used share =
     `vllm:kv_cache_usage_perc` (see the module docstring). No pool when either label is absent or odd."""
     source = "vllm /metrics vllm:cache_config_info num_gpu_blocks x block_size, vllm:kv_cache_usage_perc"
+    missing = BoxCapacity(source="vllm /metrics without cache_config_info num_gpu_blocks and block_size")
+    pools: list[int] = []
     for sample in samples:
         if sample.name == "vllm:cache_config_info":
             blocks, size = sample.label("num_gpu_blocks"), sample.label("block_size")
             if blocks is None or size is None or not blocks.isdigit() or not size.isdigit():
-                break
-            pool = int(blocks) * int(size)
-            if pool < 1:
-                break
-            return pool_capacity(pool, busiest_share(samples, "vllm:kv_cache_usage_perc"), source)
-    return BoxCapacity(source="vllm /metrics without cache_config_info num_gpu_blocks and block_size")
+                return missing
+            pools.append(int(blocks) * int(size))
+    if not pools or min(pools) < 1:
+        return missing
+    ranks = data_parallel_ranks(samples)
+    if ranks > 1:
+        source = f"{source} (per rank, {ranks} data-parallel ranks)"
+    return pool_capacity(min(pools), busiest_share(samples, "vllm:kv_cache_usage_perc"), source)
 
 
 class VllmEngine(OpenAICompatibleEngine):
@@ -103,6 +130,22 @@ class VllmEngine(OpenAICompatibleEngine):
             return BoxCapacity(source="vllm /metrics is off")
         self._layouts[box.id] = layout_from_metrics(samples)
         return capacity_from_metrics(samples)
+
+    async def complete_prefix(
+        self,
+        box: BoxSpec,
+        prefix: Prefix,
+        *,
+        suffix: str = "",
+        max_tokens: int = 1,
+        slot: int | None = None,
+        rank: int | None = None,
+    ) -> CompletionReport:
+        """With `rank`, the request names its data-parallel rank (`X-data-parallel-rank`), so the warm and
+        its probe meet the same rank's cache."""
+        prompt = await self._prompt_for(box, prefix, suffix)
+        headers = None if rank is None else {DP_RANK_HEADER: str(rank)}
+        return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, headers=headers)
 
     def _request_extras(self, box: BoxSpec) -> JsonObject:
         """On a box whose KV cache events are followed, warmer's own requests ask for "full" reports:

@@ -194,6 +194,29 @@ def decode_batch(box_id: str, seq: int, payload: bytes) -> EventBatch:
         raise MalformedResponse(box_id, f"KV event batch {seq}: {exc}") from exc
 
 
+def offset_address(address: str, rank: int) -> str:
+    """Where data-parallel rank `rank` publishes, given rank 0's address: the port + rank for tcp, a
+    `_dp{rank}` suffix for ipc/inproc, as the publishers themselves derive it (vllm
+    vllm/distributed/kv_events.py and sglang python/sglang/srt/disaggregation/kv_events.py
+    @ 006d053f182f9b488d2bd841afa06d5f9120a258, `ZmqEventPublisher.offset_endpoint_port`)."""
+    if rank == 0:
+        return address
+    if address.startswith("tcp://"):
+        host, _, port = address.rpartition(":")
+        return f"{host}:{int(port) + rank}"
+    return f"{address}_dp{rank}"
+
+
+def rank_endpoint(endpoint: KvEventsEndpoint, rank: int) -> KvEventsEndpoint:
+    """The configured (rank 0) endpoint moved to a data-parallel rank's sockets."""
+    replay = endpoint.replay_endpoint
+    return KvEventsEndpoint(
+        offset_address(endpoint.endpoint, rank),
+        None if replay is None else offset_address(replay, rank),
+        endpoint.topic,
+    )
+
+
 def _seq(box_id: str, frame: bytes) -> int:
     if len(frame) != 8:
         raise MalformedResponse(box_id, f"KV event sequence frame of {len(frame)} bytes, expected 8")
@@ -274,10 +297,11 @@ class ZmqKvEventSource:
         self._context = context if context is not None else zmq.asyncio.Context()
         self._replay_timeout_s = replay_timeout_s
 
-    def subscribe(self, box: BoxSpec) -> ZmqKvEventStream:
+    def subscribe(self, box: BoxSpec, rank: int = 0) -> ZmqKvEventStream:
         if box.kv_events is None:
             raise NotSupported(box.id, "the box has no kv_events endpoint")
-        return ZmqKvEventStream(self._context, box, box.kv_events, replay_timeout_s=self._replay_timeout_s)
+        endpoint = rank_endpoint(box.kv_events, rank)
+        return ZmqKvEventStream(self._context, box, endpoint, replay_timeout_s=self._replay_timeout_s)
 
     def close(self) -> None:
         if self._own_context:
