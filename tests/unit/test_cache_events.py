@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, FakeStream, TickClock
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix
+from warmer.core.model import BoxSpec, CacheLayout, EngineKind, KvEventsEndpoint, Prefix
 from warmer.core.residency import AllBlocksCleared, PrefixState
 from warmer.service.cache_events import CacheEventsConfig, CacheEventWatcher, ResetReason
 
@@ -298,8 +298,8 @@ def test_each_data_parallel_rank_is_its_own_stream_and_a_prefix_is_resident_only
     async def scenario() -> tuple[RankedPort, Listener, list[object]]:
         port, listener = RankedPort(2), Listener()
 
-        async def two_ranks(box: BoxSpec) -> int:
-            return 2
+        async def two_ranks(box: BoxSpec) -> CacheLayout:
+            return CacheLayout(data_parallel_ranks=2)
 
         watcher = CacheEventWatcher(
             port=port,
@@ -307,7 +307,7 @@ def test_each_data_parallel_rank_is_its_own_stream_and_a_prefix_is_resident_only
             fleet=lambda: [BOX],
             tokenize=lambda box, text: asyncio.sleep(0, result=[]),
             clock=TickClock(),
-            ranks_of=two_ranks,
+            layout_of=two_ranks,
         )
         await watcher.sync_fleet([BOX])
         await asyncio.sleep(0)

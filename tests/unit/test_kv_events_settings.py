@@ -123,3 +123,13 @@ def test_sglang_warm_tier_and_priority_reach_the_box_and_are_refused_elsewhere(t
     bad = load(tmp_path, BOX.format(engine="sglang") + "warm_tier = 'disk'\n")
     assert isinstance(bad, list)
     assert [p for p, _ in bad] == ["fleet.boxes[0].warm_tier"]
+
+
+def test_a_hash_seed_reaches_a_vllm_box_and_is_refused_on_sglang(tmp_path: Path) -> None:
+    events = "[fleet.boxes.kv_events]\nendpoint = 'tcp://h:1'\nhash_seed = '42'\n"
+    assert load(tmp_path, BOX.format(engine="vllm") + events) == (
+        KvEventsEndpoint("tcp://h:1", hash_seed="42"),
+    )
+    problems = load(tmp_path, BOX.format(engine="sglang") + events)
+    assert isinstance(problems, list)
+    assert "hash_seed reproduces vLLM's block hashes" in problems[0][1]

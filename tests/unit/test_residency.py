@@ -392,3 +392,39 @@ def test_a_group_whose_kind_keeps_some_positions_is_sparse_from_its_first_event(
     view = residency.state("p")
     assert view is not None
     assert view.state is PrefixState.RESIDENT
+
+
+def test_with_reproducible_hashes_a_removal_of_a_prefix_never_seen_stored_is_an_eviction() -> None:
+    """warmer (re)started after the prefix was warmed: its store is not in the replay any more. Without
+    the server's hashes the prefix stays UNKNOWN whatever is removed; with them (a fixed PYTHONHASHSEED and
+    sha256_cbor: `hasher`), the removal of one of its blocks is seen as its eviction."""
+    cache = FakeCache()
+    prompt = ids(12)
+
+    def hasher(tokens: Sequence[int], size: int) -> tuple[int, ...]:
+        assert size == BS
+        return tuple(cache.hashes(tokens))
+
+    blind, knowing = BoxResidency(), BoxResidency(hasher=hasher, block_size_hint=BS)
+    for residency in (blind, knowing):
+        residency.watch("p", prompt)
+    removal = [cache.evict(prompt, 1)]
+    assert blind.apply(removal) == []
+    assert states(knowing.apply(removal)) == {"p": (PrefixState.EVICTED, 0)}
+    stored = knowing.apply([cache.store(prompt)])  # the re-warm: resident again
+    assert states(stored) == {"p": (PrefixState.RESIDENT, 12)}
+
+
+def test_computed_bytes_hashes_also_match_their_int_form_on_the_wire() -> None:
+    """VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES sends the low 64 bits of the big-endian bytes
+    (vllm/v1/core/kv_cache_utils.py `maybe_convert_block_hash`)."""
+    prompt = ids(8)
+    digest = bytes(range(32))
+
+    def hasher(tokens: Sequence[int], size: int) -> tuple[bytes, ...]:
+        return (digest, digest[::-1])
+
+    residency = BoxResidency(hasher=hasher, block_size_hint=BS)
+    residency.watch("p", prompt)
+    as_int = int.from_bytes(digest[::-1], "big") & 0xFFFF_FFFF_FFFF_FFFF
+    assert states(residency.apply([BlockRemoved(block_hashes=(as_int,))])) == {"p": (PrefixState.EVICTED, 0)}

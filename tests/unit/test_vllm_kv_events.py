@@ -27,9 +27,11 @@ from warmer.adapters.engines.vllm import VllmEngine
 from warmer.adapters.engines.vllm_kv_events import (
     ZmqKvEventSource,
     ZmqKvEventStream,
+    block_hasher_for,
     decode_batch,
     offset_address,
     rank_endpoint,
+    sha256_cbor_hasher,
 )
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix
@@ -319,3 +321,26 @@ def test_requests_to_a_followed_box_ask_vllm_for_full_reports_of_reused_blocks()
     with_events, without = script.bodies("/v1/completions")
     assert with_events["vllm_xargs"] == {"kv_cache_report_mode": "full"}
     assert "vllm_xargs" not in without
+
+
+def test_the_sha256_cbor_hasher_chains_from_the_seeds_none_hash() -> None:
+    """vllm/v1/core/kv_cache_utils.py @ 001cabc1 (`init_none_hash`: NONE_HASH = sha256_cbor(PYTHONHASHSEED);
+    `hash_block_tokens`: sha256_cbor((parent or NONE_HASH, tuple(tokens), extra_keys))) with
+    vllm/utils/hashing.py @ ac621345 (`sha256_cbor`: sha256 of cbor2.dumps(x, canonical=True))."""
+    import hashlib
+
+    import cbor2
+
+    def sha256_cbor(value: object) -> bytes:
+        return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
+
+    hashes = sha256_cbor_hasher("0")(list(range(10)), 4)
+    first = sha256_cbor((sha256_cbor("0"), (0, 1, 2, 3), None))
+    assert hashes == (first, sha256_cbor((first, (4, 5, 6, 7), None)))  # the partial block is not hashed
+    assert sha256_cbor_hasher("1")(list(range(4)), 4) != hashes[:1]  # another seed, other hashes
+    plain = box_with(KvEventsEndpoint("tcp://h:1"))
+    seeded = box_with(KvEventsEndpoint("tcp://h:1", hash_seed="0"))
+    assert block_hasher_for(plain) is None
+    hasher = block_hasher_for(seeded)
+    assert hasher is not None
+    assert hasher(list(range(10)), 4) == hashes

@@ -44,6 +44,15 @@ class KvEventsSettings(Section):
         ),
     )
     topic: str = Field(default="", description="The publisher's `topic` (vLLM's default is empty).")
+    hash_seed: str | None = Field(
+        default=None,
+        description=(
+            "vLLM only: the server's PYTHONHASHSEED, when it runs with a fixed one and "
+            "`--prefix-caching-hash-algo sha256_cbor`. Its block hashes are then reproducible: warmer "
+            "computes each warmed prefix's own, so an eviction of a prefix warmed before warmer (re)started "
+            "is seen at once. Unset: the hashes are learned from the events (residency starts unknown)."
+        ),
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -56,7 +65,7 @@ class KvEventsSettings(Section):
         return None if value is None else _zmq_address(value, "replay_endpoint")
 
     def endpoint_spec(self) -> KvEventsEndpoint:
-        return KvEventsEndpoint(self.endpoint, self.replay_endpoint, self.topic)
+        return KvEventsEndpoint(self.endpoint, self.replay_endpoint, self.topic, self.hash_seed)
 
 
 class BoxSettings(Section):
@@ -129,6 +138,12 @@ class BoxSettings(Section):
     def _engine_options(self) -> BoxSettings:
         if self.kv_events is not None and self.engine not in (EngineKind.VLLM, EngineKind.SGLANG):
             raise ValueError(f"kv_events is read from vllm and sglang boxes only, not {self.engine.value}")
+        if (
+            self.kv_events is not None
+            and self.kv_events.hash_seed is not None
+            and self.engine is not EngineKind.VLLM
+        ):
+            raise ValueError("kv_events.hash_seed reproduces vLLM's block hashes: vllm boxes only")
         if self.engine is not EngineKind.SGLANG:
             if self.warm_tier != "device":
                 raise ValueError(f"warm_tier applies to sglang boxes only, not {self.engine.value}")

@@ -134,6 +134,7 @@ class KvEventsEndpoint:
     endpoint: str  # e.g. tcp://10.0.0.5:5557 (the engine binds tcp://*:5557)
     replay_endpoint: str | None = None  # its ROUTER socket, e.g. tcp://10.0.0.5:5558
     topic: str = ""
+    hash_seed: str | None = None  # the server's PYTHONHASHSEED (with sha256_cbor): hashes computable
 
 
 @dataclass(frozen=True, slots=True)

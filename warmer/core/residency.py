@@ -33,6 +33,10 @@ group is sparse once one of its events carries fewer hashes than its tokens make
 is sliding window or Mamba (`kv_cache_spec_kind`). A prefix is RESIDENT only while every group holds what
 it needs; a sparse group whose needed block is gone makes it EVICTED with nothing resident.
 
+Where the server's hashes are reproducible (vLLM with a fixed PYTHONHASHSEED and sha256_cbor), a `hasher`
+gives each watched prefix its own block hashes: a `BlockRemoved` naming one of them is an eviction even
+when its store was never seen (a prefix warmed before warmer subscribed), instead of leaving it UNKNOWN.
+
 A hash is held or not: a second `BlockStored` of a held hash changes nothing and one `BlockRemoved`
 drops it. vLLM does not de-duplicate blocks (two requests computing one prefix at once may each cache a
 copy; `vllm/v1/core/block_pool.py`), so a removal may leave a copy behind, and with a request's
@@ -49,10 +53,12 @@ from __future__ import annotations
 import enum
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 BlockHash = int | bytes
+# A prefix's block hashes as the engine computes them (token ids, block size), where reproducible
+BlockHasher = Callable[[Sequence[int], int], tuple[BlockHash, ...]]
 _GPU_MEDIA = (None, "GPU")  # vLLM's own prefix cache; offloaded copies (e.g. "CPU") are not it
 
 
@@ -206,12 +212,25 @@ class _Watched:
     chain: list[tuple[int, BlockHash]] = field(default_factory=list)  # (group, hash) of held blocks
     frontier: list[tuple[int, BlockHash | None, int]] = field(default_factory=list)  # next block per group
     needs: list[tuple[int, BlockHash]] = field(default_factory=list)  # sparse groups' missing end blocks
+    known: list[BlockHash] = field(default_factory=list)  # its computed hashes (bytes and int forms)
+    lost: bool = False  # a computed hash of it was removed: evicted, whether or not its store was seen
 
     def digests_for(self, block_size: int) -> tuple[int, ...]:
         cached = self.digests.get(block_size)
         if cached is None:
             cached = self.digests[block_size] = block_digests(self.token_ids, block_size)
         return cached
+
+
+def _both_forms(hashes: Sequence[BlockHash]) -> list[BlockHash]:
+    """Each hash as bytes and as vLLM's int form (the low 64 bits of the big-endian bytes, sent with
+    VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES; `vllm/v1/core/kv_cache_utils.py` `maybe_convert_block_hash`)."""
+    out: list[BlockHash] = []
+    for h in hashes:
+        out.append(h)
+        if isinstance(h, bytes):
+            out.append(int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF)
+    return out
 
 
 class MirrorOverflow(Exception):
@@ -225,10 +244,21 @@ class BoxResidency:
     reacts once per transition (how far an evicted prefix still reaches is in `state`).
     """
 
-    def __init__(self, *, max_blocks: int = 2_000_000) -> None:
+    def __init__(
+        self,
+        *,
+        max_blocks: int = 2_000_000,
+        hasher: BlockHasher | None = None,
+        block_size_hint: int | None = None,
+    ) -> None:
+        """`hasher`: the server's own block hashes, where reproducible; `block_size_hint`: its block size
+        as the server reports it, for hashing before any event has told it."""
         if max_blocks < 1:
             raise ValueError(f"max_blocks must be >= 1, got {max_blocks}")
         self._max_blocks = max_blocks
+        self._hasher = hasher
+        self._block_size_hint = block_size_hint
+        self._known: dict[BlockHash, set[str]] = {}  # a computed hash -> watched prefixes it belongs to
         self._live: dict[tuple[int, BlockHash], _Block] = {}
         self._child: dict[tuple[int, BlockHash | None, int], BlockHash] = {}
         self._block_size: dict[int, int] = {}  # per group, from its events
@@ -301,7 +331,7 @@ class BoxResidency:
         self._sparse.clear()
         for watched in self._watched.values():
             self._note(watched)
-            watched.state, watched.resident_tokens = PrefixState.UNKNOWN, 0
+            watched.state, watched.resident_tokens, watched.lost = PrefixState.UNKNOWN, 0, False
         return self._changes()
 
     # -- the mirror
@@ -366,6 +396,10 @@ class BoxResidency:
             key = (event.group, block_hash)
             block = self._live.pop(key, None)
             if block is None:
+                for prefix_hash in self._known.get(block_hash, ()):  # a computed hash, store unseen
+                    watched = self._watched[prefix_hash]
+                    watched.lost = True
+                    touched[prefix_hash] = watched
                 continue
             if ts is not None and block.at is not None and key not in self._holders:
                 self.horizon.add(ts - block.at)  # another prefix's block: how long unused ones last
@@ -399,6 +433,11 @@ class BoxResidency:
         """Follow the prefix's blocks from the root in every full group (the shortest run held decides),
         then ask each sparse group for the block at the prefix's end."""
         self._unlink(watched)
+        if self._hasher is not None and not watched.known:
+            full = [size for group, size in sorted(self._block_size.items()) if group not in self._sparse]
+            size = full[0] if full else self._block_size_hint
+            if size:
+                watched.known = _both_forms(self._hasher(watched.token_ids, size))
         resident: int | None = None
         complete = bool(self._block_size)
         chains: dict[int, list[BlockHash]] = {}  # block size -> the prefix's whole chain, where held
@@ -438,8 +477,8 @@ class BoxResidency:
             resident = tokens if resident is None else min(resident, tokens)
         watched.resident_tokens = resident or 0
         if complete:
-            watched.state = PrefixState.RESIDENT
-        elif watched.state is not PrefixState.UNKNOWN:
+            watched.state, watched.lost = PrefixState.RESIDENT, False
+        elif watched.state is not PrefixState.UNKNOWN or watched.lost:
             watched.state = PrefixState.EVICTED
         self._link(watched)
 
@@ -450,6 +489,8 @@ class BoxResidency:
             self._waiting.setdefault(frontier, set()).add(watched.prefix_hash)
         for need in watched.needs:
             self._needed.setdefault(need, set()).add(watched.prefix_hash)
+        for known in watched.known:
+            self._known.setdefault(known, set()).add(watched.prefix_hash)
 
     def _unlink(self, watched: _Watched) -> None:
         for key in watched.chain:
@@ -470,6 +511,12 @@ class BoxResidency:
                 needing.discard(watched.prefix_hash)
                 if not needing:
                     del self._needed[need]
+        for known in watched.known:
+            knowing = self._known.get(known)
+            if knowing is not None:
+                knowing.discard(watched.prefix_hash)
+                if not knowing:
+                    del self._known[known]
         watched.chain.clear()
         watched.frontier.clear()
         watched.needs.clear()

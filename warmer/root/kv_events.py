@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 
-from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource
+from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource, block_hasher_for
 from warmer.core.model import BoxSpec
 from warmer.ports import Clock, EnginePort
 from warmer.root.supervisor import RootTask
@@ -19,11 +19,6 @@ from warmer.service.reconciler.evictions import EvictionReactions
 
 def follows_events(boxes: Sequence[BoxSpec]) -> bool:
     return any(box.kv_events is not None for box in boxes)
-
-
-async def _ranks(engine: EnginePort, box: BoxSpec) -> int:
-    """The box's data-parallel ranks as its server reports them (each publishes its own event stream)."""
-    return (await engine.cache_layout(box)).data_parallel_ranks
 
 
 def cache_event_task(
@@ -44,7 +39,8 @@ def cache_event_task(
             tokenize=engine.tokenize,
             clock=clock,
             epoch_of=reactions.epoch_of,
-            ranks_of=lambda box: _ranks(engine, box),
+            layout_of=engine.cache_layout,
+            hasher_of=block_hasher_for,
         )
         reactions.attach(watcher)
         try:

@@ -38,8 +38,9 @@ from typing import Protocol
 import structlog
 
 from warmer.core.errors import NotSupported, WarmerError
-from warmer.core.model import BoxSpec, Prefix
+from warmer.core.model import BoxSpec, CacheLayout, Prefix
 from warmer.core.residency import (
+    BlockHasher,
     BoxResidency,
     EventBatch,
     MirrorOverflow,
@@ -117,14 +118,17 @@ class CacheEventWatcher:
         clock: Clock,
         config: CacheEventsConfig | None = None,
         epoch_of: Callable[[str], str | None] = lambda _box_id: None,
-        ranks_of: Callable[[BoxSpec], Awaitable[int]] | None = None,
+        layout_of: Callable[[BoxSpec], Awaitable[CacheLayout]] | None = None,
+        hasher_of: Callable[[BoxSpec], BlockHasher | None] = lambda _box: None,
     ) -> None:
         """`tokenize`: the engine's own token ids for a prefix sent as text (`EnginePort.tokenize`);
-        `epoch_of`: the box's current engine identity (its epoch), None while not known; `ranks_of`: how
-        many data-parallel ranks the server runs (each publishes its own stream; unset: one)."""
+        `epoch_of`: the box's current engine identity (its epoch), None while not known; `layout_of`: the
+        server's cache layout: its data-parallel ranks (each publishes its own stream; unset: one) and
+        block size; `hasher_of`: the box's block hasher where its hashes are reproducible."""
         self._epoch_of = epoch_of
-        self._ranks_of = ranks_of
-        self._ranks: dict[str, int] = {}  # box id -> ranks last read
+        self._layout_of = layout_of
+        self._hasher_of = hasher_of
+        self._layouts: dict[str, CacheLayout] = {}  # box id -> layout last read
         self._port = port
         self._listener = listener
         self._fleet = fleet
@@ -133,6 +137,9 @@ class CacheEventWatcher:
         self._config = config or CacheEventsConfig()
         self._follows: dict[tuple[str, int], _Follow] = {}  # (box id, data-parallel rank)
         self._log = structlog.stdlib.get_logger(__name__)
+
+    def _layout(self, box_id: str) -> CacheLayout:
+        return self._layouts.get(box_id) or CacheLayout()
 
     def _of(self, box_id: str) -> list[_Follow]:
         return [f for (b, _), f in sorted(self._follows.items()) if b == box_id]
@@ -215,21 +222,21 @@ class CacheEventWatcher:
 
     async def sync_fleet(self, boxes: Sequence[BoxSpec]) -> None:
         """Read each box's data-parallel ranks, then follow what publishes (`sync_boxes`)."""
-        await self._read_ranks(boxes)
+        await self._read_layouts(boxes)
         self.sync_boxes(boxes)
 
-    async def _read_ranks(self, boxes: Sequence[BoxSpec]) -> None:
-        """The data-parallel ranks of each box with events, as its server says (unchanged when it does not
-        answer now)."""
-        if self._ranks_of is None:
+    async def _read_layouts(self, boxes: Sequence[BoxSpec]) -> None:
+        """Each box's layout (data-parallel ranks, block size), as its server says (unchanged when it does
+        not answer now)."""
+        if self._layout_of is None:
             return
         for box in boxes:
             if box.kv_events is None:
                 continue
             try:
-                self._ranks[box.id] = max(1, await self._ranks_of(box))
+                self._layouts[box.id] = await self._layout_of(box)
             except WarmerError as exc:
-                self._log.debug("kv event: ranks not read", box=box.id, error=str(exc))
+                self._log.debug("kv event: layout not read", box=box.id, error=str(exc))
 
     def sync_boxes(self, boxes: Sequence[BoxSpec]) -> None:
         """Start following boxes that publish events (one stream per data-parallel rank), stop following
@@ -238,16 +245,19 @@ class CacheEventWatcher:
             (box.id, rank): box
             for box in boxes
             if box.kv_events is not None
-            for rank in range(self._ranks.get(box.id, 1))
+            for rank in range(self._layout(box.id).data_parallel_ranks)
         }
         for key in list(self._follows):
             if key not in wanted or wanted[key] != self._follows[key].box:
                 self._stop(key)
         for key, box in wanted.items():
             if key not in self._follows:
-                follow = self._follows[key] = _Follow(
-                    box, BoxResidency(max_blocks=self._config.max_blocks), rank=key[1]
+                residency = BoxResidency(
+                    max_blocks=self._config.max_blocks,
+                    hasher=self._hasher_of(box),
+                    block_size_hint=self._layout(box.id).page_tokens,
                 )
+                follow = self._follows[key] = _Follow(box, residency, rank=key[1])
                 name = f"kv-events:{box.id}" if key[1] == 0 else f"kv-events:{box.id}:rank{key[1]}"
                 follow.task = asyncio.create_task(self._follow(follow), name=name)
 

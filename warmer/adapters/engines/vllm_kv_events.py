@@ -27,9 +27,11 @@ other than LOCAL, an `ownership`) are not this engine's own prefix cache and are
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cbor2
 import msgspec
 import zmq
 import zmq.asyncio
@@ -39,6 +41,7 @@ from warmer.core.model import BoxSpec, KvEventsEndpoint
 from warmer.core.residency import (
     AllBlocksCleared,
     BlockHash,
+    BlockHasher,
     BlockRemoved,
     BlockStored,
     CacheEvent,
@@ -194,6 +197,38 @@ def decode_batch(box_id: str, seq: int, payload: bytes) -> EventBatch:
         raise MalformedResponse(box_id, f"KV event batch {seq}: {exc}") from exc
 
 
+def _sha256_cbor(value: object) -> bytes:
+    return hashlib.sha256(cbor2.dumps(value, canonical=True)).digest()
+
+
+def sha256_cbor_hasher(seed: str) -> BlockHasher:
+    """vLLM's block hashes for a server started with PYTHONHASHSEED=`seed` and
+    `--prefix-caching-hash-algo sha256_cbor`: the first block's parent is `NONE_HASH = sha256_cbor(seed)`
+    (vllm-project/vllm vllm/v1/core/kv_cache_utils.py @ 001cabc1be16a59a70d720ed61a13b678c060a18,
+    `init_none_hash`), each block `sha256_cbor((parent, tuple(tokens), extra_keys))` with no extra keys
+    for a plain block (`hash_block_tokens`), `sha256_cbor(x) = sha256(cbor2.dumps(x, canonical=True))`
+    (vllm/utils/hashing.py @ ac621345a4eb18058bb24b242b457f634d476b40). Without a fixed seed NONE_HASH is
+    random per process and nothing can be computed; the `sha256` algorithm pickles, which is not meant to
+    be reproduced outside Python's own pickle."""
+    none_hash = _sha256_cbor(seed)
+
+    def hashes(token_ids: Sequence[int], block_size: int) -> tuple[BlockHash, ...]:
+        parent = none_hash
+        out: list[BlockHash] = []
+        for i in range(len(token_ids) // block_size):
+            parent = _sha256_cbor((parent, tuple(token_ids[i * block_size : (i + 1) * block_size]), None))
+            out.append(parent)
+        return tuple(out)
+
+    return hashes
+
+
+def block_hasher_for(box: BoxSpec) -> BlockHasher | None:
+    """The box's block hasher when its hashes are reproducible (`kv_events.hash_seed` set), else None."""
+    seed = None if box.kv_events is None else box.kv_events.hash_seed
+    return None if seed is None else sha256_cbor_hasher(seed)
+
+
 def offset_address(address: str, rank: int) -> str:
     """Where data-parallel rank `rank` publishes, given rank 0's address: the port + rank for tcp, a
     `_dp{rank}` suffix for ipc/inproc, as the publishers themselves derive it (vllm
@@ -214,6 +249,7 @@ def rank_endpoint(endpoint: KvEventsEndpoint, rank: int) -> KvEventsEndpoint:
         offset_address(endpoint.endpoint, rank),
         None if replay is None else offset_address(replay, rank),
         endpoint.topic,
+        endpoint.hash_seed,
     )
 
 
