@@ -192,16 +192,23 @@ def test_a_gap_older_than_the_replay_buffer_makes_the_box_unknown() -> None:
     assert rig.listener.calls[-1] == ("reset", "v1", "lost")
 
 
+async def restarted_after_two_batches(rig: Rig) -> FakeCache:
+    """The prefix watched and stored by an old process (batches 0 and 1), then a new process publishing
+    with a new seed (its cache, returned) from batch 0."""
+    old = FakeCache(salt=1)
+    await started(rig)
+    await rig.watcher.watch(BOX, PREFIX)
+    rig.publisher.publish(old.store(PROMPT))
+    rig.publisher.publish(old.store(list(range(7, 11))))
+    await rig.publisher.settled()
+    rig.publisher.restart()
+    return FakeCache(salt=2)
+
+
 def test_a_sequence_reset_is_a_restart_without_per_prefix_evictions() -> None:
     async def scenario() -> Rig:
-        rig, old = make_rig(), FakeCache(salt=1)
-        await started(rig)
-        await rig.watcher.watch(BOX, PREFIX)
-        rig.publisher.publish(old.store(PROMPT))
-        rig.publisher.publish(old.store(list(range(7, 11))))
-        await rig.publisher.settled()
-        rig.publisher.restart()
-        new = FakeCache(salt=2)
+        rig = make_rig()
+        new = await restarted_after_two_batches(rig)
         rig.publisher.publish(new.store(list(range(50, 54))))
         await rig.publisher.settled()
         view = rig.watcher.state("v1", PREFIX.hash)
@@ -227,14 +234,8 @@ def test_a_new_process_whose_first_batches_were_missed_is_a_restart_not_a_gap() 
     new process) and the new process's history is applied from 0."""
 
     async def scenario() -> Rig:
-        rig, old = make_rig(), FakeCache(salt=1)
-        await started(rig)
-        await rig.watcher.watch(BOX, PREFIX)
-        rig.publisher.publish(old.store(PROMPT))
-        rig.publisher.publish(old.store(list(range(7, 11))))
-        await rig.publisher.settled()
-        rig.publisher.restart()
-        new = FakeCache(salt=2)
+        rig = make_rig()
+        new = await restarted_after_two_batches(rig)
         for start in range(50, 70, 4):
             rig.publisher.publish(new.store(list(range(start, start + 4))), deliver=False)
         rig.publisher.publish(new.store(list(range(90, 94))))
@@ -256,15 +257,9 @@ def test_a_changed_engine_identity_is_a_restart_even_when_the_numbers_run_on() -
 
     async def scenario() -> Rig:
         epochs = {"v1": "e1"}
-        rig, old = make_rig(epochs=epochs), FakeCache(salt=1)
-        await started(rig)
-        await rig.watcher.watch(BOX, PREFIX)
-        rig.publisher.publish(old.store(PROMPT))
-        rig.publisher.publish(old.store(list(range(7, 11))))
-        await rig.publisher.settled()
-        rig.publisher.restart()
+        rig = make_rig(epochs=epochs)
+        new = await restarted_after_two_batches(rig)
         epochs["v1"] = "e2"
-        new = FakeCache(salt=2)
         rig.publisher.publish(new.store(list(range(50, 54))), deliver=False)
         rig.publisher.publish(new.store(list(range(54, 58))), deliver=False)
         rig.publisher.publish(new.store(list(range(58, 62))))

@@ -55,6 +55,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 BlockHash = int | bytes
 # A prefix's block hashes as the engine computes them (token ids, block size), where reproducible
@@ -482,41 +483,29 @@ class BoxResidency:
             watched.state = PrefixState.EVICTED
         self._link(watched)
 
+    def _indexes(self, watched: _Watched) -> list[tuple[dict[Any, set[str]], Sequence[Any]]]:
+        """Each reverse index (key -> prefixes) with the prefix's keys in it."""
+        return [
+            (self._holders, watched.chain),
+            (self._waiting, watched.frontier),
+            (self._needed, watched.needs),
+            (self._known, watched.known),
+        ]
+
     def _link(self, watched: _Watched) -> None:
-        for key in watched.chain:
-            self._holders.setdefault(key, set()).add(watched.prefix_hash)
-        for frontier in watched.frontier:
-            self._waiting.setdefault(frontier, set()).add(watched.prefix_hash)
-        for need in watched.needs:
-            self._needed.setdefault(need, set()).add(watched.prefix_hash)
-        for known in watched.known:
-            self._known.setdefault(known, set()).add(watched.prefix_hash)
+        for index, keys in self._indexes(watched):
+            for key in keys:
+                index.setdefault(key, set()).add(watched.prefix_hash)
 
     def _unlink(self, watched: _Watched) -> None:
-        for key in watched.chain:
-            holders = self._holders.get(key)
-            if holders is not None:
-                holders.discard(watched.prefix_hash)
-                if not holders:
-                    del self._holders[key]
-        for frontier in watched.frontier:
-            waiting = self._waiting.get(frontier)
-            if waiting is not None:
-                waiting.discard(watched.prefix_hash)
-                if not waiting:
-                    del self._waiting[frontier]
-        for need in watched.needs:
-            needing = self._needed.get(need)
-            if needing is not None:
-                needing.discard(watched.prefix_hash)
-                if not needing:
-                    del self._needed[need]
-        for known in watched.known:
-            knowing = self._known.get(known)
-            if knowing is not None:
-                knowing.discard(watched.prefix_hash)
-                if not knowing:
-                    del self._known[known]
+        """Out of every index; its walk's results cleared (its computed hashes are kept for the next)."""
+        for index, keys in self._indexes(watched):
+            for key in keys:
+                prefixes = index.get(key)
+                if prefixes is not None:
+                    prefixes.discard(watched.prefix_hash)
+                    if not prefixes:
+                        del index[key]
         watched.chain.clear()
         watched.frontier.clear()
         watched.needs.clear()

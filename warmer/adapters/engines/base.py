@@ -291,9 +291,15 @@ class EngineAdapter(ABC, Generic[PromptT]):
         slot: int | None = None,
         rank: int | None = None,
     ) -> CompletionReport:
+        prompt = await self._prompt_for(box, prefix, suffix)
+        return await self._complete_greedy(box, prompt, max_tokens=max_tokens, rank=rank)
+
+    async def _complete_greedy(
+        self, box: BoxSpec, prompt: str | PromptT, *, max_tokens: int, rank: int | None
+    ) -> CompletionReport:
+        """A warm's completion; an engine that can name a data-parallel rank overrides this."""
         if rank is not None:
             raise NotSupported(box.id, f"{type(self).__name__} cannot pin a data-parallel rank")
-        prompt = await self._prompt_for(box, prefix, suffix)
         return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0)
 
     async def complete_prompt(

@@ -131,19 +131,11 @@ class VllmEngine(OpenAICompatibleEngine):
         self._layouts[box.id] = layout_from_metrics(samples)
         return capacity_from_metrics(samples)
 
-    async def complete_prefix(
-        self,
-        box: BoxSpec,
-        prefix: Prefix,
-        *,
-        suffix: str = "",
-        max_tokens: int = 1,
-        slot: int | None = None,
-        rank: int | None = None,
+    async def _complete_greedy(
+        self, box: BoxSpec, prompt: str | list[int], *, max_tokens: int, rank: int | None
     ) -> CompletionReport:
         """With `rank`, the request names its data-parallel rank (`X-data-parallel-rank`), so the warm and
         its probe meet the same rank's cache."""
-        prompt = await self._prompt_for(box, prefix, suffix)
         headers = None if rank is None else {DP_RANK_HEADER: str(rank)}
         return await self._complete(box, prompt, max_tokens=max_tokens, temperature=0.0, headers=headers)
 
