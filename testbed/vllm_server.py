@@ -63,6 +63,7 @@ class VllmServer:
     kv_cache_gib: int = 1
     enforce_eager: bool = True
     extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()  # e.g. (("PYTHONHASHSEED", "0"),)
     startup_timeout_s: float = 300.0
     python: Path | None = None
     startup_seconds: list[float] = field(default_factory=list)  # one entry per (re)start, for reports
@@ -115,6 +116,7 @@ class VllmServer:
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1",  # no phone-home from test machines
             "DO_NOT_TRACK": "1",
+            **dict(self.extra_env),
         }
 
     def start(self) -> VllmServer:

@@ -26,7 +26,7 @@ import pytest
 
 from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer, free_port
 from warmer.adapters.engines.vllm import VllmEngine
-from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource
+from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource, sha256_cbor_hasher
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
@@ -40,7 +40,7 @@ from warmer.core.model import (
     RestartRecipe,
     WarmState,
 )
-from warmer.core.residency import PrefixResidency, PrefixState
+from warmer.core.residency import BlockStored, PrefixResidency, PrefixState
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.kv_events import cache_event_task
 from warmer.root.reconcile import reconciler_config, run_timers
@@ -53,6 +53,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 PROFILE = ModelProfile(name="tiny-vllm-cpu", engine=EngineKind.VLLM, block_tokens=CPU_BLOCK_SIZE)
 GPU_BLOCKS = 8
+HASH_SEED = "20"
 PROMPT_BYTES = 3 * CPU_BLOCK_SIZE + 66  # three full blocks and a partial one: 4 blocks while it runs
 EVENT_WAIT_S = 60.0  # events follow the engine step that made them; a busy 2-core box may lag
 WAIT_S = 180.0  # the reconciler's passes on a loaded 2-core machine: bounds, not expectations
@@ -77,8 +78,12 @@ def kv_server(tiny_hf_model_path: Path, tmp_path_factory: pytest.TempPathFactory
         tiny_hf_model_path,
         workdir=tmp_path_factory.mktemp("vllm-kv-events"),
         max_model_len=512,
-        extra_args=("--kv-events-config", json.dumps(config), "--num-gpu-blocks-override", str(GPU_BLOCKS)),
-    )
+        extra_args=(
+            "--kv-events-config", json.dumps(config), "--num-gpu-blocks-override", str(GPU_BLOCKS),
+            "--prefix-caching-hash-algo", "sha256_cbor",  # with a fixed seed: reproducible hashes
+        ),
+        extra_env=(("PYTHONHASHSEED", HASH_SEED),),
+    )  # fmt: skip
     box = BoxSpec(
         id="vllm-kv",
         base_url=server.base_url,
@@ -417,3 +422,42 @@ def test_a_restart_is_seen_as_a_sequence_reset(kv_server: KvServer) -> None:
     assert after.state is PrefixState.EVICTED
     assert recorder.count("reset") == 1
     assert recorder.count("evicted") == 0  # the restart path re-warms everything, not prefix by prefix
+
+
+def test_with_a_fixed_seed_and_sha256_cbor_warmer_computes_the_servers_block_hashes(
+    kv_server: KvServer,
+) -> None:
+    """The server runs PYTHONHASHSEED=20 and `--prefix-caching-hash-algo sha256_cbor`: the hashes its
+    BlockStored events carry for a warmed prefix are the ones warmer computes from the token ids alone
+    (`sha256_cbor_hasher`, what `kv_events.hash_seed` turns on)."""
+    box = kv_server.box
+
+    async def scenario() -> tuple[tuple[object, ...], tuple[object, ...]]:
+        source = ZmqKvEventSource(replay_timeout_s=10.0)
+        stream = source.subscribe(box)
+        try:
+            async with httpx.AsyncClient() as client:
+                engine = VllmEngine(client, timeouts=EngineTimeouts(request=120.0))
+                prefix = await token_prefix(engine, box, unique_text())
+                assert prefix.token_ids is not None
+                await engine.complete_prefix(box, prefix, max_tokens=1)
+                computed = sha256_cbor_hasher(HASH_SEED)(prefix.token_ids, CPU_BLOCK_SIZE)
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    for batch in await stream.replay(0):
+                        for event in batch.events:
+                            if (
+                                isinstance(event, BlockStored)
+                                and event.parent_hash is None
+                                and tuple(event.token_ids) == prefix.token_ids[: len(event.token_ids)]
+                            ):
+                                return tuple(event.block_hashes), computed
+                    await asyncio.sleep(0.5)
+                raise AssertionError("the warmed prefix's BlockStored never came")
+        finally:
+            await stream.aclose()
+            source.close()
+
+    announced, computed = asyncio.run(scenario())
+    assert len(announced) == 3
+    assert announced == computed[: len(announced)]
