@@ -460,4 +460,9 @@ def test_with_a_fixed_seed_and_sha256_cbor_warmer_computes_the_servers_block_has
 
     announced, computed = asyncio.run(scenario())
     assert len(announced) == 3
-    assert announced == computed[: len(announced)]
+    # vLLM 0.32 sends ints by default (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: the low 64 bits of the digest)
+    on_wire = tuple(
+        int.from_bytes(h, "big") & 0xFFFF_FFFF_FFFF_FFFF if isinstance(a, int) and isinstance(h, bytes) else h
+        for a, h in zip(announced, computed, strict=False)
+    )
+    assert announced == on_wire

@@ -48,7 +48,8 @@ class KvEventsSettings(Section):
         default=None,
         description=(
             "vLLM only: the server's PYTHONHASHSEED, when it runs with a fixed one and "
-            "`--prefix-caching-hash-algo sha256_cbor`. Its block hashes are then reproducible: warmer "
+            "`--prefix-caching-hash-algo sha256_cbor` (vLLM 0.32 without PYTHONHASHSEED seeds sha256_cbor "
+            "with the fixed `vllm-none-hash`: name that). Its block hashes are then reproducible: warmer "
             "computes each warmed prefix's own, so an eviction of a prefix warmed before warmer (re)started "
             "is seen at once. Unset: the hashes are learned from the events (residency starts unknown)."
         ),

