@@ -133,3 +133,22 @@ def test_a_hash_seed_reaches_a_vllm_box_and_is_refused_on_sglang(tmp_path: Path)
     problems = load(tmp_path, BOX.format(engine="sglang") + events)
     assert isinstance(problems, list)
     assert "hash_seed reproduces vLLM's block hashes" in problems[0][1]
+
+
+def test_a_box_added_by_a_deploy_event_keeps_its_sglang_options() -> None:
+    body = {
+        "kind": "box.added",
+        "id": "add-2",
+        "occurred_at": 1700000000,
+        "box": {
+            "id": "s9",
+            "base_url": "http://10.0.9.3:8000",
+            "engine": "sglang",
+            "model": "tiny",
+            "warm_tier": "host",
+            "warm_priority": 3,
+        },
+    }
+    event = parse_deploy_event(json.dumps(body), box_url_policy=BoxUrlPolicy(("http://10.0.9.*:8000",)))
+    spec = event.box_spec()  # type: ignore[union-attr]
+    assert (spec.warm_tier, spec.warm_priority) == ("host", 3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from warmer.core.model import BoxSpec, EngineKind, PhaseName, PhaseRecord
+from warmer.core.model import BoxSpec, CacheTier, EngineKind, PhaseName, PhaseRecord
 from warmer.core.planner import WarmupStatus
 from warmer.core.shared_state import (
     FleetChange,
@@ -18,7 +18,13 @@ from warmer.service.shared_view import warmup_from_phases
 A = BoxSpec(id="a", base_url="http://127.0.0.1:9001", engine=EngineKind.LLAMACPP, model="tiny", slots=2)
 B = BoxSpec(id="b", base_url="http://127.0.0.1:9002", engine=EngineKind.VLLM, model="tiny", group="g")
 C = BoxSpec(
-    id="c", base_url="http://127.0.0.1:9003", engine=EngineKind.SGLANG, model="tiny", cache_capacity_tokens=9
+    id="c",
+    base_url="http://127.0.0.1:9003",
+    engine=EngineKind.SGLANG,
+    model="tiny",
+    cache_capacity_tokens=9,
+    warm_tier=CacheTier.HOST,
+    warm_priority=5,
 )
 
 

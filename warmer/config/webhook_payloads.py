@@ -36,7 +36,7 @@ from pydantic import (
 from warmer.config.fleet_settings import BoxSettings
 from warmer.config.settings import validation_problems
 from warmer.core.jsonbody import JsonBodyRejected, parse_json_body
-from warmer.core.model import BoxSpec, EngineKind
+from warmer.core.model import BoxSpec, CacheTier, EngineKind
 from warmer.core.webhook import BoxUrlPolicy, InvalidEvent
 
 BOX_URL_POLICY_CONTEXT = "box_url_policy"
@@ -140,6 +140,8 @@ class BoxAdded(_Event):
             group=box.group,
             cache_capacity_tokens=box.cache_capacity_tokens,
             prefix_capacity=box.prefix_capacity,
+            warm_tier=CacheTier(box.warm_tier),
+            warm_priority=box.warm_priority,
         )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from warmer.core.model import BoxSpec, EngineKind
+from warmer.core.model import BoxSpec, CacheTier, EngineKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,8 @@ def box_to_data(box: BoxSpec) -> dict[str, object]:
         "group": box.group,
         "cache_capacity_tokens": box.cache_capacity_tokens,
         "prefix_capacity": box.prefix_capacity,
+        "warm_tier": box.warm_tier.value,
+        "warm_priority": box.warm_priority,
     }
 
 
@@ -118,4 +120,6 @@ def box_from_data(data: Mapping[str, object]) -> BoxSpec:
         group=text("group") if data.get("group") is not None else "",
         cache_capacity_tokens=optional_int("cache_capacity_tokens"),
         prefix_capacity=optional_int("prefix_capacity"),
+        warm_tier=CacheTier(text("warm_tier")) if data.get("warm_tier") is not None else CacheTier.DEVICE,
+        warm_priority=optional_int("warm_priority"),
     )
