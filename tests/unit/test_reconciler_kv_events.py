@@ -137,7 +137,7 @@ def test_a_held_prefix_is_touched_inside_the_horizon_the_events_measure(store_ur
 
     async def scenario(w: World) -> None:
         watcher, publisher, cache, _ = await warmed_and_stored(w)
-        sent = len(w.engine.warms("b1"))
+        sent, probed = len(w.engine.warms("b1")), len(w.engine.probes("b1"))
         others = [list(range(5000 + 8 * i, 5008 + 8 * i)) for i in range(8)]
         for other in others:
             publisher.publish(cache.store(other))
@@ -152,7 +152,12 @@ def test_a_held_prefix_is_touched_inside_the_horizon_the_events_measure(store_ur
         w.clock.t = verified + 8.0 * 0.8
         await settle(w.reconciler)
 
-        assert len(w.engine.warms("b1")) == sent + 1  # the touch reached the engine
+        # The touch reached the engine, as one probe: the events vouch for every block, so the probe (a
+        # request like any other) refreshes them and its own cached tokens verify the hit.
+        assert len(w.engine.warms("b1")) == sent
+        assert len(w.engine.probes("b1")) == probed + 1
+        record = await warm_record(w)
+        assert (record.state, record.verified_at) == (WarmState.WARM, w.clock.t)
         assert "keepalive due" in await transitions(w)
         assert w.reconciler.evictions.still_resident("b1", (await warm_record(w)).prefix_hash) is not None
         await watcher.close()

@@ -136,7 +136,10 @@ class ActionRunner:
             elif isinstance(action, WarmPrefix | ProbePrefix):
                 if self._blocked(action.box_id, action.prefix_hash):
                     continue  # planned before its room was lent: warming it would evict the borrower
-                probe = isinstance(action, ProbePrefix)
+                # A keepalive of a prefix the KV events say is held: one probe touches and verifies it.
+                probe = isinstance(action, ProbePrefix) or (
+                    self._evictions is not None and self._evictions.touch_by_probe(action)
+                )
                 self.start_engine_work(
                     action.box_id,
                     action.epoch,

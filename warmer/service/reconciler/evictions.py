@@ -5,7 +5,9 @@
 * A keepalive touch is always sent, whatever the events say: engines evict least recently used first, so a
   resident prefix nobody touches drifts to the front of the eviction order and is the next to go. What the
   events add is the horizon (`horizons`): how long other prefixes' unused blocks last before eviction, which
-  the planner uses to schedule the touch just inside it (`Observed.keepalive_horizons`).
+  the planner uses to schedule the touch just inside it (`Observed.keepalive_horizons`); and a cheaper
+  touch: where they say every block is held, the touch is one probe (a request like any other, so it
+  refreshes the blocks, and its own cached tokens verify the hit) instead of a warm and then a probe.
 * The box restarted (the sequence went backwards): the box is looked at now (`recheck`), so the new epoch
   and its restart warm-up start without waiting for the next health poll.
 * The stream lost track: every WARM prefix of the box comes due for its keepalive touch now, which is sent
@@ -25,6 +27,7 @@ import structlog
 
 from warmer.core.errors import LeaseLost
 from warmer.core.model import BoxSpec, Prefix, WarmRecord, WarmState
+from warmer.core.plan_actions import ProbePrefix, WarmPrefix, WarmReason
 from warmer.core.planner import WarmKey
 from warmer.core.residency import PrefixResidency, PrefixState
 from warmer.core.warmstate import (
@@ -109,6 +112,14 @@ class EvictionReactions:
         watcher = self._watcher
         state = None if watcher is None else watcher.state(box_id, prefix_hash)
         return state if state is not None and state.state is PrefixState.RESIDENT else None
+
+    def touch_by_probe(self, action: WarmPrefix | ProbePrefix) -> bool:
+        """A keepalive touch of a prefix the events say the box holds: one probe does (see the module)."""
+        return (
+            isinstance(action, WarmPrefix)
+            and action.reason is WarmReason.KEEPALIVE
+            and self.still_resident(action.box_id, action.prefix_hash) is not None
+        )
 
     def horizons(self) -> dict[str, float]:
         """Per box whose events are read: the measured eviction horizon in seconds, where known yet."""
