@@ -386,7 +386,8 @@ def test_the_reconciler_rewarms_an_evicted_prefix_on_the_event(kv_server: KvServ
     after = reasons[evicted_at + 1 :]
     assert any(r.startswith("warm started") for r in after), reasons
     assert any(r.startswith("verified") for r in after), reasons
-    assert not any("probe" in r for r in reasons), reasons  # the engine's word, not a probe's
+    # the engine's word, not a probe's (a keepalive touch of a held prefix may be a probe that saw the hit)
+    assert not any(r.startswith("probe") and "says cold" in r for r in reasons), reasons
     # keepalive touches may come too: the horizon measured from the other prompts' evictions is short here
 
 
