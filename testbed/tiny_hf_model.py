@@ -136,24 +136,30 @@ def model_dir(seed: int = 0) -> Path:
 
 def ensure_tiny_hf_model(seed: int = 0, *, python: Path | None = None) -> Path:
     """Return a directory vLLM can serve with `--model DIR`, generating it first if missing."""
-    target = model_dir(seed)
+    return generate_once(model_dir(seed), _GENERATOR, [json.dumps(_parameters(seed))], python=python)
+
+
+def generate_once(target: Path, generator: str, args: list[str], *, python: Path | None = None) -> Path:
+    """Run `generator` (Python source) in the vLLM venv with `args` and a scratch directory to write the
+    model into, once: the scratch becomes `target`, marked done, under a lock (parallel test workers must
+    not write it twice)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with (target.parent / f"{target.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers must not write it twice
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if (target / ".ok").exists():
             return target
         interpreter = python or ensure_vllm()
         scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             done = subprocess.run(
-                [str(interpreter), "-c", _GENERATOR, json.dumps(_parameters(seed)), str(scratch)],
+                [str(interpreter), "-c", generator, *args, str(scratch)],
                 capture_output=True,
                 text=True,
                 check=False,
                 env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
             )
             if done.returncode != 0:
-                raise RuntimeError(f"tiny HF model generation failed:\n{done.stderr[-4000:]}")
+                raise RuntimeError(f"{target.name}: model generation failed:\n{done.stderr[-4000:]}")
             (scratch / ".ok").write_text(done.stdout)
             shutil.rmtree(target, ignore_errors=True)
             scratch.rename(target)

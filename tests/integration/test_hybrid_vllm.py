@@ -15,7 +15,6 @@ What it shows, measured here rather than pinned by fixtures:
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ import httpx
 import pytest
 
 from testbed.tiny_hybrid_model import ensure_tiny_hybrid_model
-from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer, free_port
+from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer, free_port, kv_events_args
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource
 from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, KvEventsEndpoint, ModelProfile, Prefix
@@ -44,16 +43,10 @@ PREFIX_BYTES = 800  # one token per byte: 6 full blocks of 128 and a partial one
 @pytest.fixture(scope="module")
 def hybrid_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BoxSpec]:
     pub, replay = free_port(), free_port()
-    config = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{pub}",
-        "replay_endpoint": f"tcp://*:{replay}",
-    }
     server = VllmServer(
         ensure_tiny_hybrid_model(),
         workdir=tmp_path_factory.mktemp("vllm-hybrid"),
-        extra_args=("--kv-events-config", json.dumps(config)),
+        extra_args=kv_events_args(pub, replay),
     )
     with server:
         yield BoxSpec(

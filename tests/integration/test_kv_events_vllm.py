@@ -13,7 +13,6 @@ here probes the cache to learn that the prefix left it: the engine says so.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 import uuid
@@ -24,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer, free_port
+from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer, free_port, kv_events_args
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource, sha256_cbor_hasher
 from warmer.adapters.store import SqlStore, upgrade_database
@@ -68,18 +67,12 @@ class KvServer:
 @pytest.fixture(scope="module")
 def kv_server(tiny_hf_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KvServer]:
     pub, replay = free_port(), free_port()
-    config = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{pub}",
-        "replay_endpoint": f"tcp://*:{replay}",
-    }
     server = VllmServer(
         tiny_hf_model_path,
         workdir=tmp_path_factory.mktemp("vllm-kv-events"),
         max_model_len=512,
         extra_args=(
-            "--kv-events-config", json.dumps(config), "--num-gpu-blocks-override", str(GPU_BLOCKS),
+            *kv_events_args(pub, replay), "--num-gpu-blocks-override", str(GPU_BLOCKS),
             "--prefix-caching-hash-algo", "sha256_cbor",  # with a fixed seed: reproducible hashes
         ),
         extra_env=(("PYTHONHASHSEED", HASH_SEED),),
