@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from warmer.adapters.store import SqlStore
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import EngineError, LeaseLost, NotSupported
+from warmer.core.gate import GateConfig
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
@@ -268,6 +269,7 @@ def world(
     store_class: type[SqlStore] = SqlStore,
     slow_polls_allowed: int = 1,
     lend_seconds: float = 60.0,
+    gate: GateConfig | None = None,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
@@ -292,6 +294,7 @@ def world(
             placement=placement or PlacementConfig(min_group_size=min_group),
             health_slow_polls_allowed=slow_polls_allowed,
             precall_lend_seconds=lend_seconds,
+            gate=gate or GateConfig(),
         ),
         demand=demand,
         observer=observer,

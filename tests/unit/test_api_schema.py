@@ -52,6 +52,7 @@ OPERATIONS = {
     ("GET", "/v1/boxes"),
     ("GET", "/v1/boxes/{box_id}"),
     ("GET", "/v1/boxes/{box_id}/ready"),
+    ("GET", "/v1/boxes/{box_id}/admit"),
     ("GET", "/v1/routes"),
     ("GET", "/v1/capacity"),
     ("POST", "/v1/prewarm"),

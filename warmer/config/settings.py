@@ -30,6 +30,7 @@ from warmer.config.loop_settings import (
     CapacitySettings,
     DialerSettings,
     EngineSettings,
+    GateSettings,
     HitRateSettings,
     ReconcileSettings,
     RetrySettings,
@@ -72,6 +73,9 @@ class Settings(BaseSettings):
     )
     replicas: ReplicaSettings = Field(
         default_factory=ReplicaSettings, description="Box leases between replicas on one PostgreSQL."
+    )
+    gate: GateSettings = Field(
+        default_factory=GateSettings, description="The admission gate for readiness probes (/admit)."
     )
 
     @classmethod

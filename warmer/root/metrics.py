@@ -124,6 +124,15 @@ class ReconcileMetrics:
             ["agent", "model"],
             registry=registry,
         )
+        self.gate_released_state = Gauge(
+            "warmer_box_gate_released",
+            "1 while the admission gate (/v1/boxes/{id}/admit) lets the box in although it is not ready, "
+            "by rule: latched (ready earlier in this engine epoch), held_too_long ([gate] max_hold_seconds), "
+            "share (holding it would hold out too much of its model or group).",
+            ["box", "rule"],
+            registry=registry,
+        )
+        self._released_labels: set[tuple[str, str]] = set()
         self.tokenizer_drifts = Counter(
             "warmer_tokenizer_drift",
             "Tokenizer drift findings raised, per model (one per agent prefix that drifted).",
@@ -160,6 +169,14 @@ class ReconcileMetrics:
             self.box_agent_warm.labels(box=box_id, agent=agent_id).set(1 if is_warm else 0)
         self._ready_labels = set(ready)
         self._warm_labels = set(agent_warm)
+
+    def gate_released(self, released: Mapping[str, str]) -> None:
+        labels = set(released.items())
+        for box_id, rule in self._released_labels - labels:
+            self.gate_released_state.remove(box_id, rule)
+        for box_id, rule in labels:
+            self.gate_released_state.labels(box=box_id, rule=rule).set(1)
+        self._released_labels = labels
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         self.tokenizer_drift_ratio.labels(agent=agent_id, model=model).set(change)

@@ -50,6 +50,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         health_slow_polls_allowed=loop.health_slow_polls_allowed,
         capacity_poll_seconds=settings.capacity.prefix_poll_seconds,
         prefix_budget=settings.capacity.prefix_budget(),
+        gate=settings.gate.config(),
     )
 
 

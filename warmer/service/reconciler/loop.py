@@ -242,6 +242,8 @@ class Reconciler:
             prefixes=dict(self._catalogue.prefixes),
             prefix_errors=dict(self._catalogue.errors),
             config=self._config.planner,
+            gate=self._config.gate,
+            gate_answers=self._ready.gate,
             holders=self._replicas.holders(),
             replica_id=self._replicas.replica_id,
         )
