@@ -132,7 +132,8 @@ class SglangLogReport:
         return self.cached_tokens / total if total else None
 
 
-def _buckets(values: Iterable[int]) -> tuple[Bucket, ...]:
+def cached_token_buckets(values: Iterable[int]) -> tuple[Bucket, ...]:
+    """Counts per power-of-two range of cached tokens ([0, 1) holds the zero hits)."""
     counts: Counter[int] = Counter()
     for value in values:
         counts[0 if value == 0 else value.bit_length()] += 1
@@ -208,7 +209,7 @@ def analyze_sglang_log(
         zero_hit_prefills=values.get(0, 0),
         multi_seq_batches=sum(1 for p in counted if p.new_seqs > 1),
         top_values=tuple(ValueCount(value, count, count / total) for value, count in ranked),
-        buckets=_buckets(p.cached_tokens for p in counted),
+        buckets=cached_token_buckets(p.cached_tokens for p in counted),
         spike=_find_spike(
             counted, min_share=spike_min_share, min_count=spike_min_count, broken_below=broken_below
         ),
