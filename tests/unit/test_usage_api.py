@@ -19,8 +19,12 @@ from tests.unit.test_api_app import services
 from tests.unit.test_hitrate_calls import ROOT, report_of, run
 from warmer.api import create_app
 from warmer.config.agents import load_agent_specs
+from warmer.config.loader import load_config
 from warmer.config.profiles import load_profiles
+from warmer.config.server_settings import DatabaseSettings
+from warmer.core.agents import AgentSpec
 from warmer.core.promtext import parse_prometheus_text
+from warmer.root.app import build
 from warmer.root.capacity import OfflineStablePrefixes
 from warmer.root.metrics import Metrics
 from warmer.service.usage import UsageService, UsageWindowConfig
@@ -267,3 +271,51 @@ def test_unknown_figures_are_nan_on_metrics() -> None:
     api.post('{"call_id": "a", "turn": 2, "agent": "outbound-sales", "usage": {"prompt_tokens": 100}}')
     metrics = gauges(api.get("/metrics", headers={}).text)
     assert math.isnan(metrics[("warmer_agent_turn1_cache_hit_ratio", (("agent", "outbound-sales"),))])
+
+
+class NoStore:
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+def test_the_daemon_wires_usage_with_its_agents_boxes_and_stable_prefixes(tmp_path: Path) -> None:
+    """The example config's daemon: a turn on a fleet box is recorded, depth is the agent's stable share."""
+    loaded = load_config(ROOT / "config" / "example.toml")
+    settings = loaded.settings.model_copy(update={"database": DatabaseSettings(state_dir=tmp_path)})
+    agents = {k: v for k, v in loaded.agents.items() if isinstance(v, AgentSpec)}
+    prefixes = OfflineStablePrefixes(lambda: agents, loaded.profiles)
+    share = asyncio.run(prefixes.stable_share("outbound-sales"))
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response, str]:
+        daemon = build(
+            settings,
+            profiles=loaded.profiles,
+            agents=agents,
+            store_factory=lambda _: NoStore(),  # type: ignore[arg-type,return-value]
+            prepare=lambda _: None,
+        )
+        await daemon.open()
+        body = {
+            "call_id": "c-1",
+            "turn": 1,
+            "agent": "outbound-sales",
+            "box": "llama-1",
+            "usage": chat_usage(3372, 3114),
+        }
+        transport = httpx.ASGITransport(app=daemon.api)
+        async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
+            posted = await client.post("/v1/usage", json=body)
+            report = await client.get("/v1/usage")
+            text = (await client.get("/metrics")).text
+        await daemon.close()
+        return posted, report, text
+
+    posted, report, text = asyncio.run(scenario())
+    assert posted.status_code == 200, posted.text
+    (agent,) = report.json()["agents"]
+    assert (agent["depth_source"], agent["depth"]) == ("config", pytest.approx(share))
+    metrics = gauges(text)
+    assert metrics[("warmer_box_turn1_cache_hit_ratio", (("box", "llama-1"),))] == pytest.approx(3114 / 3372)

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
 from warmer.core.call_usage import UsageRecord
-from warmer.core.hitrate import Bucket, ValueCount, cached_token_buckets
+from warmer.core.hitrate import Bucket, ValueCount, cached_token_buckets, find_spike
 
 DEFAULT_TURN_BUCKETS = 4  # turns 1, 2, 3, 4+ as in the field report
 DEFAULT_DEPTH_OK = 0.5
@@ -256,24 +255,21 @@ def _spike_meaning(agent: str, spike: CachedSpike, hits: int) -> str:
 
 
 def _agent_spike(agent: str, turn1: list[UsageRecord], step: int | None) -> CachedSpike | None:
-    hits = [r for r in turn1 if r.cached_tokens > 0]
-    if not hits:
+    hits = [(r.prompt_tokens, r.cached_tokens) for r in turn1 if r.cached_tokens > 0]
+    found = find_spike(
+        hits, min_share=SPIKE_MIN_SHARE, min_count=SPIKE_MIN_COUNT, broken_below=SPIKE_BROKEN_BELOW
+    )
+    if found is None:
         return None
-    value, count = max(Counter(r.cached_tokens for r in hits).items(), key=lambda item: (item[1], -item[0]))
-    share = count / len(hits)
-    if count < SPIKE_MIN_COUNT or share < SPIKE_MIN_SHARE:
-        return None
-    median = float(statistics.median(r.prompt_tokens for r in hits if r.cached_tokens == value))
-    fraction = value / median if median else 1.0
     spike = CachedSpike(
         agent=agent,
-        cached_tokens=value,
-        count=count,
-        share=share,
-        median_prompt_tokens=median,
-        cached_fraction_of_prompt=fraction,
-        step=step if step != value else None,
-        suspicious=fraction < SPIKE_BROKEN_BELOW,
+        cached_tokens=found.cached_tokens,
+        count=found.count,
+        share=found.share,
+        median_prompt_tokens=found.median_prompt_tokens,
+        cached_fraction_of_prompt=found.cached_fraction_of_prompt,
+        step=step if step != found.cached_tokens else None,
+        suspicious=found.suspicious,
         meaning="",
     )
     return dataclasses.replace(spike, meaning=_spike_meaning(agent, spike, len(hits)))
