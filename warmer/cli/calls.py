@@ -23,7 +23,9 @@ def _fail(path: Path, line: int, message: str) -> click.ClickException:
 
 def _documents(path: Path, fmt: str) -> Iterator[tuple[int, Mapping[str, object]]]:
     """(line number, record object) for every record of the file."""
-    with path.open(encoding="utf-8", newline="" if fmt == "csv" else None) as handle:
+    # utf-8-sig: spreadsheet exports often start a CSV with a byte-order mark, which is not part of a header
+    encoding = "utf-8-sig" if fmt == "csv" else "utf-8"
+    with path.open(encoding=encoding, newline="" if fmt == "csv" else None) as handle:
         if fmt == "csv":
             reader = csv.DictReader(handle)
             for row in reader:
