@@ -55,6 +55,8 @@ OPERATIONS = {
     ("GET", "/v1/boxes/{box_id}/admit"),
     ("GET", "/v1/routes"),
     ("GET", "/v1/capacity"),
+    ("POST", "/v1/usage"),
+    ("GET", "/v1/usage"),
     ("POST", "/v1/prewarm"),
     ("PUT", "/v1/campaigns/{campaign_id}"),
     ("DELETE", "/v1/campaigns/{campaign_id}"),

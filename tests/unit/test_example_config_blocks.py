@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from warmer.config.loop_settings import CapacitySettings, DialerSettings, HitRateSettings
+from warmer.config.loop_settings import CapacitySettings, DialerSettings, HitRateSettings, UsageSettings
 from warmer.config.server_settings import ReplicaSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
@@ -42,6 +42,7 @@ def _commented_block(table: str) -> str:
         ("hitrate", HitRateSettings),
         ("dialer", DialerSettings),
         ("capacity", CapacitySettings),
+        ("usage", UsageSettings),
         ("replicas", ReplicaSettings),
     ],
 )

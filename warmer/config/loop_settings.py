@@ -215,6 +215,27 @@ class HitRateSettings(Section):
     )
 
 
+class UsageSettings(Section):
+    window_records: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Turn records `POST /v1/usage` keeps in memory for `GET /v1/usage` and the turn-1 gauges; the "
+            "oldest leaves first. 10,000 is a few thousand calls: enough to judge an agent's first turns, "
+            "and a few MB at most (every label a record carries is at most 200 characters)."
+        ),
+    )
+    window_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description=(
+            "Records older than this leave the window, so the figures follow what the dialer sends now "
+            "(an hour spans a campaign's ramp without mixing yesterday in)."
+        ),
+    )
+
+
 class CapacitySettings(Section):
     safe_fraction: float = Field(
         default=0.6,

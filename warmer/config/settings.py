@@ -34,6 +34,7 @@ from warmer.config.loop_settings import (
     HitRateSettings,
     ReconcileSettings,
     RetrySettings,
+    UsageSettings,
 )
 from warmer.config.server_settings import ApiSettings, DatabaseSettings, LoggingSettings, ReplicaSettings
 from warmer.core.errors import ConfigError
@@ -67,6 +68,9 @@ class Settings(BaseSettings):
     )
     dialer: DialerSettings = Field(
         default_factory=DialerSettings, description="Pre-call API bound and campaign schedule."
+    )
+    usage: UsageSettings = Field(
+        default_factory=UsageSettings, description="Per-turn usage reports (POST/GET /v1/usage): the window."
     )
     capacity: CapacitySettings = Field(
         default_factory=CapacitySettings, description="Prefill budget per agent group (GET /v1/capacity)."
