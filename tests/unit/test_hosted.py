@@ -3,6 +3,7 @@ planner follows it, and the config that declares a hosted box."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from warmer.core.planner import (
 from warmer.core.prefix import compute_stable_prefix
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import hosted_api_keys
+from warmer.service.restart_warmup import RestartWarmup
 
 # Claude Sonnet 4.5 (the shipped profile): $3 base input, $3.75 a 5-minute write, $0.30 a read, per MTok.
 SONNET = ProviderCache(
@@ -255,3 +257,27 @@ def test_keys_come_from_the_environment_and_a_missing_one_names_the_field_not_a_
     assert caught.value.problems == [
         ("fleet.boxes[0].api_key_env", "environment variable ANTHROPIC_KEY_FOR_TEST is unset")
     ]
+
+
+class _Untouchable:
+    """An engine or store that fails the test on any use."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"{name} was used")
+
+
+class _Clock:
+    def monotonic(self) -> float:
+        return 0.0
+
+    def now(self) -> float:
+        return 0.0
+
+
+def test_a_hosted_box_gets_no_restart_warm_up_requests() -> None:
+    """Nothing of a hosted model loads on first use on our side, and each request is billed: the restart
+    warm-up of a hosted box sends nothing, though its profile keeps the default recipe (long prefill too)."""
+    warmup = RestartWarmup(_Untouchable(), _Untouchable(), _Clock())  # type: ignore[arg-type]
+    outcome = asyncio.run(warmup.run(BOX, HOSTED, "e1", longest_prefix=6000))
+    assert outcome.ok
+    assert outcome.phases == ()
