@@ -15,6 +15,7 @@ from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
 from warmer.core.errors import ConfigError
 from warmer.core.hosted import (
+    KeepDecision,
     NotARequestPrefix,
     ProviderCache,
     keep_warm_decision,
@@ -281,3 +282,23 @@ def test_a_hosted_box_gets_no_restart_warm_up_requests() -> None:
     outcome = asyncio.run(warmup.run(BOX, HOSTED, "e1", longest_prefix=6000))
     assert outcome.ok
     assert outcome.phases == ()
+
+
+def test_the_readme_figures_of_the_keep_rule() -> None:
+    """README "Keeping warm only while it pays": the shipped profiles, 6,000 tokens, a touch every 240 s."""
+    profiles = load_profile_set()
+    sonnet, gpt = profiles["claude-sonnet-4.5"].provider, profiles["openai-gpt-4.1"].provider
+    assert sonnet is not None
+    assert gpt is not None
+
+    def decide(cache: ProviderCache, rate: float) -> KeepDecision:
+        return keep_warm_decision(cache, prefix_tokens=6000, calls_per_minute=rate, touch_seconds=240.0)
+
+    rates = [i / 1000 for i in range(1, 3000)]
+    kept = [r for r in rates if decide(sonnet, r).keep]
+    assert (kept[0], kept[-1]) == (0.027, 0.677)
+    assert decide(sonnet, 0.1).touch_cost_per_minute == pytest.approx(0.000474, abs=1e-6)
+    assert decide(sonnet, 0.1).miss_savings_per_minute == pytest.approx(0.001256, abs=1e-6)
+    best = max(decide(gpt, r).miss_savings_per_minute for r in rates)
+    assert best == pytest.approx(0.00066, abs=1e-5)
+    assert best < decide(gpt, 0.2).touch_cost_per_minute == pytest.approx(0.000766, abs=1e-6)
