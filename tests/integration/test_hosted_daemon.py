@@ -11,7 +11,6 @@ lets the prefix go and takes it out of the routes.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 
 from testbed.fleet import free_loopback_port
 from testbed.hosted_provider import HostedProvider, ProviderRules, hosted_provider
-from tests.integration.daemon_harness import AGENT, AGENTS_DIR, MODELS_DIR, Serve, clean_env, running_serve
+from tests.integration.daemon_harness import AGENT, MODELS_DIR, Serve, clean_env, running_serve, write_config
 
 KEY = "sk-local-daemon-key-3131"
 KEY_ENV = "HOSTED_PROVIDER_TEST_KEY"  # not WARMER_*: the harness strips those from serve's environment
@@ -42,46 +41,14 @@ def fast_profile(models: Path) -> None:
 
 
 def write_hosted_config(tmp_path: Path, provider: HostedProvider, port: int) -> Path:
-    models, agents = tmp_path / "models", tmp_path / "agents"
+    models = tmp_path / "models"
     models.mkdir()
-    agents.mkdir()
     fast_profile(models)
-    spec = (AGENTS_DIR / f"{AGENT}.toml").read_text().replace('model = "tiny-demo"', 'model = "hosted-fast"')
-    (agents / f"{AGENT}.toml").write_text(spec)
-    shutil.copy(AGENTS_DIR / f"{AGENT}.tools.json", agents)
-    shutil.copytree(AGENTS_DIR / AGENT, agents / AGENT)
-    config = tmp_path / "warmer.toml"
-    config.write_text(
-        f"""
-[database]
-state_dir = "{tmp_path / "state"}"
-
-[api]
-host = "127.0.0.1"
-port = {port}
-
-[reconcile]
-interval_seconds = 0.5
-health_poll_seconds = 0.5
-ramp_seconds = 1.0
-shutdown_grace_seconds = 5.0
-
-[logging]
-format = "json"
-
-[fleet]
-models_dir = "{models}"
-agents_dir = "{agents}"
-
-[[fleet.boxes]]
-id = "anthropic"
-base_url = "{provider.base_url}"
-engine = "anthropic"
-model = "hosted-fast"
-api_key_env = "{KEY_ENV}"
-"""
+    box = (
+        f'[[fleet.boxes]]\nid = "anthropic"\nbase_url = "{provider.base_url}"\nengine = "anthropic"\n'
+        f'model = "hosted-fast"\napi_key_env = "{KEY_ENV}"\n'
     )
-    return config
+    return write_config(tmp_path, (), port, fleet_extra=box, models_dir=models, model="hosted-fast")
 
 
 @pytest.fixture

@@ -10,35 +10,22 @@ https://platform.claude.com/docs/en/build-with-claude/prompt-caching: `cache_con
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.unit.engine_shapes import FAST_RETRY, SHORT_TIMEOUTS, Script, run
+from tests.unit.hosted_caches import GPT, SONNET
 from warmer.adapters.engines.hosted import AnthropicEngine, HostedEngine, OpenAIHostedEngine, anthropic_tool
 from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
-from warmer.core.hosted import ProviderCache, render_request
+from warmer.core.hosted import render_request
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile, Prefix
 
 KEY = "sk-unit-secret-9876"
-CACHE = ProviderCache(
-    min_cacheable_tokens=1024,
-    increment_tokens=128,
-    lifetime_seconds=300.0,
-    input_price=2.0,
-    cache_write_price=2.0,
-    cache_read_price=0.5,
-)
-CLAUDE_CACHE = ProviderCache(
-    min_cacheable_tokens=1024,
-    increment_tokens=1,
-    lifetime_seconds=3600.0,
-    input_price=3.0,
-    cache_write_price=6.0,
-    cache_read_price=0.3,
-    ttl="1h",
-)
+CACHE = GPT
+CLAUDE_CACHE = replace(SONNET, ttl="1h", lifetime_seconds=3600.0, cache_write_price=6.0)  # 1-h writes: 2x
 PROFILES = {
     "gpt": ModelProfile(
         name="gpt", engine=EngineKind.OPENAI_HOSTED, served_model_name="gpt-x", provider=CACHE

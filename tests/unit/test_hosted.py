@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.hosted_caches import GPT, SONNET
 from tests.unit.prompt_helpers import spec, tool
 from warmer.config.profiles import load_profile, load_profile_set
 from warmer.config.settings import Settings
@@ -38,26 +39,6 @@ from warmer.core.prefix import compute_stable_prefix
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import hosted_api_keys
 from warmer.service.restart_warmup import RestartWarmup
-
-# Claude Sonnet 4.5 (the shipped profile): $3 base input, $3.75 a 5-minute write, $0.30 a read, per MTok.
-SONNET = ProviderCache(
-    min_cacheable_tokens=1024,
-    increment_tokens=1,
-    lifetime_seconds=300.0,
-    input_price=3.0,
-    cache_write_price=3.75,
-    cache_read_price=0.3,
-    ttl="5m",
-)
-# GPT-4.1: $2 input, writes at the input price, $0.50 cached.
-GPT = ProviderCache(
-    min_cacheable_tokens=1024,
-    increment_tokens=128,
-    lifetime_seconds=300.0,
-    input_price=2.0,
-    cache_write_price=2.0,
-    cache_read_price=0.5,
-)
 
 
 def test_request_form_round_trips_whole_lines_and_drops_the_unfinished_one() -> None:
