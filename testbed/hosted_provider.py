@@ -98,12 +98,16 @@ def render_openai(body: Mapping[str, Any]) -> bytes:
     return "".join(parts).encode()
 
 
+def machine_for(rules: ProviderRules, tokens: bytes, key: str) -> int:
+    """The machine a prompt is routed to: a hash of its first 256 tokens together with the cache key."""
+    route = hashlib.sha256(tokens[:ROUTING_PREFIX_TOKENS] + b"\0" + key.encode()).digest()
+    return int.from_bytes(route[:4], "big") % rules.machines
+
+
 def _openai(state: _State, body: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
     rules = state.rules
     tokens = render_openai(body)
-    key = str(body.get("prompt_cache_key", ""))
-    route = hashlib.sha256(tokens[:ROUTING_PREFIX_TOKENS] + b"\0" + key.encode()).digest()
-    machine = int.from_bytes(route[:4], "big") % rules.machines
+    machine = machine_for(rules, tokens, str(body.get("prompt_cache_key", "")))
     entries = state.machines[machine]
     entries[:] = [e for e in entries if e.alive(state.now)]
     best, used = 0, None

@@ -14,12 +14,21 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
-from testbed.hosted_provider import HostedProvider, ProviderRules, hosted_provider
+from testbed.hosted_provider import (
+    HostedProvider,
+    ProviderRules,
+    hosted_provider,
+    machine_for,
+    render_openai,
+)
+from warmer.adapters.engines.hosted import OpenAIHostedEngine
 from warmer.config.profiles import load_profile_set
 from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
+from warmer.core.agent_requests import build_request, sample_values
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.hosted import keep_warm_decision
 from warmer.core.lint import lint_agent
@@ -218,3 +227,40 @@ def test_keeping_warm_pays_only_in_a_band_of_call_rates() -> None:
     assert verdict(0.1) == "keep"
     assert verdict(0.5) == "keep"
     assert verdict(2.0) == "calls_keep_it_warm"
+
+
+def test_the_cache_key_takes_the_agents_calls_to_the_machine_the_warm_filled(
+    provider: HostedProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routing hashes the prompt's first 256 tokens with `prompt_cache_key`: a turn-1 call that sends
+    warmer's key for its agent lands where the warm went and reads the whole stable request; the same call
+    under another key lands on another machine and reads nothing."""
+    spec = agent(OPENAI, rules=30)
+    prefix = prefix_of(spec, OPENAI)
+    (warm,) = run_executor(provider, monkeypatch, OPENAI, [prefix])
+    assert warm.verified
+    request = build_request(spec, sample_values(spec, 7))  # a call the prefix computation never rendered
+    call = {"model": "gpt-4.1", "messages": list(request.messages), "tools": list(request.tools)}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    rendered = render_openai(call)
+
+    def route(key: str) -> str:
+        """The machine a call under `key` goes to, asked without sending it (a call would write there)."""
+        return str(machine_for(provider.rules, rendered, key))
+
+    def send(key: str) -> tuple[str, int]:
+        answer = httpx.post(
+            f"{provider.base_url}/v1/chat/completions",
+            json={**call, "prompt_cache_key": key},
+            headers=headers,
+            timeout=10,
+        )
+        answer.raise_for_status()
+        usage = answer.json()["usage"]
+        return answer.headers["x-testbed-machine"], usage["prompt_tokens_details"]["cached_tokens"]
+
+    warmed_on, cached = send(OpenAIHostedEngine.cache_key(prefix))
+    # the whole stable request, within the 128-token increment and the final message's framing
+    assert cached >= warm.prefix_tokens - 160
+    first_elsewhere = next(key for key in (f"other-{i}" for i in range(64)) if route(key) != warmed_on)
+    assert send(first_elsewhere) == (str(1 - int(warmed_on)), 0)  # another machine: nothing cached there
