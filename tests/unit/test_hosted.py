@@ -165,6 +165,7 @@ def test_planner_leaves_a_hosted_prefix_cold_when_calls_are_too_few() -> None:
     assert hosted_plan(0.001, None) == []
     (retired,) = hosted_plan(0.001, verified_at(990.0))
     assert isinstance(retired, Retire)
+    assert "too few calls for keepalive touches to cost less than the misses they save" in retired.reason
 
 
 def test_planner_sends_no_touch_where_the_calls_keep_it_warm() -> None:

@@ -476,7 +476,10 @@ def _bookkeeping(
             elif prefix_hash not in busy and now - held.updated_at >= config.warming_timeout_seconds:
                 actions.append(AbandonWarm(box_id, epoch, prefix_hash, "warm in flight was lost"))
         elif prefix_hash not in wants and held.state in (WarmState.WARM, WarmState.STALE):
-            actions.append(Retire(box_id, epoch, prefix_hash, "not kept warm here: idle or moved"))
+            why = "not kept warm here: idle or moved"
+            if view.profile.provider is not None:
+                why += ", or too few calls for keepalive touches to cost less than the misses they save"
+            actions.append(Retire(box_id, epoch, prefix_hash, why))
     return actions
 
 
