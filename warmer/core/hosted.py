@@ -7,15 +7,17 @@ taken from the provider's documentation:
 - OpenAI (https://developers.openai.com/api/docs/guides/prompt-caching): automatic for prompts of 1,024
   tokens or more; requests are routed by a hash of the prompt's first ~256 tokens, combined with
   `prompt_cache_key` when one is sent (a prefix+key taking more than ~15 requests a minute spills to other
-  machines); cached prefixes live minutes of inactivity in memory (an extended retention keeps them up to
-  24 h); the hit is reported in `usage.prompt_tokens_details.cached_tokens`. Hits come in increments of 128
+  machines: OpenAI's note on routing,
+  https://community.openai.com/t/prompt-cache-routing-the-user-parameter/1267103); cached prefixes live
+  minutes of inactivity in memory (an extended retention keeps them up to 24 h); the hit is reported in
+  `usage.prompt_tokens_details.cached_tokens`. Hits come in increments of 128
   tokens (openai/openai-cookbook examples/Prompt_Caching_201.ipynb, "1.1 Basics"). Writes cost nothing extra
   before the GPT-5.6 family and 1.25x the uncached input rate from it on (the same guide), so the write
   price is a profile figure, not a constant.
 - Anthropic (https://platform.claude.com/docs/en/build-with-claude/prompt-caching): a
   `cache_control: {"type": "ephemeral"}` breakpoint on a block caches everything up to and including it, in
   the order tools, system, messages; `ttl` "5m" (the default, refreshed on every use) or "1h"; a minimum
-  cacheable length per model (512, 1,024, 2,048 or 4,096 tokens: the model table on that page), below which
+  cacheable length per model (1,024, 2,048 or 4,096 tokens: the model table on that page), below which
   nothing is cached and no error is raised; `usage.cache_creation_input_tokens` (written),
   `usage.cache_read_input_tokens` (read) and `usage.input_tokens` (after the last breakpoint). Writes cost
   1.25x base input ("5m") or 2x ("1h"), reads 0.1x.
