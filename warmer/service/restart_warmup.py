@@ -140,7 +140,9 @@ class RestartWarmup:
         if recipe.burst_levels:
             steps.append((PhaseName.BURST, lambda tally: self._bursts(box, recipe, tally)))
         long_target = long_prefill_target(recipe, profile, longest_prefix)
-        if long_target > 0:
+        if profile.provider is not None:
+            steps = []  # a hosted API: no kernels or grammar backend of ours to load, and every request costs
+        elif long_target > 0:
             steps.append(
                 (PhaseName.LONG_PREFILL, lambda tally: self._long_prefill(box, long_target, epoch, tally))
             )
