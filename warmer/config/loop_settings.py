@@ -352,6 +352,16 @@ class DialerSettings(Section):
             "first turn that finds its prefix gone."
         ),
     )
+    call_hold_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds a call keeps sending its turns to the engine slot its pre-call answer named (llama.cpp "
+            "`id_slot`). Each of its turns overwrites that slot, so another prefix put there within this "
+            "time is probed (one cached request) before an answer vouches for it. A minute covers a voice "
+            "call of ~6 turns; 0 = never probe before answering."
+        ),
+    )
     volume_window_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -122,6 +122,9 @@ class ReconcilerConfig:
     # ...and a prefix whose ready answer was given this recently never leaves for another agent's loan:
     # its call's first turn is on its way (setting: dialer.precall_protect_seconds)
     precall_protect_seconds: float = 10.0
+    # a call sent to an engine slot keeps sending its turns there about this long: another prefix put in that
+    # slot meanwhile is probed before an answer vouches for it (setting: dialer.call_hold_seconds)
+    precall_call_hold_seconds: float = 60.0
     # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
     # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
     pending_prompt_timeout_seconds: float = 600.0
@@ -148,6 +151,8 @@ class ReconcilerConfig:
             raise ValueError("precall_lend_seconds must be >= 0")
         if self.precall_protect_seconds < 0:
             raise ValueError("precall_protect_seconds must be >= 0")
+        if self.precall_call_hold_seconds < 0:
+            raise ValueError("precall_call_hold_seconds must be >= 0")
         if self.capacity_poll_seconds < 0:
             raise ValueError("capacity_poll_seconds must be >= 0")
 
