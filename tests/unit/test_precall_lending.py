@@ -331,3 +331,23 @@ def test_a_prefix_in_a_slot_another_call_still_writes_to_is_probed_before_it_is_
             assert len(engine.probes("b1")) == probes
 
     asyncio.run(scenario())
+
+
+def test_a_short_protection_look_does_not_forget_answers_the_full_window_still_protects(
+    store_url: str,
+) -> None:
+    """The fallback lend asks who was answered within a first turn's time; that look must not drop the
+    answers the protection window (10 s) still covers, or the next ask's full protection misses them."""
+
+    async def scenario() -> None:
+        w = one_box_world(store_url, {"hot": 10.0, "cool": 1.0})
+        await settle(w.reconciler)
+        assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
+        precall = w.reconciler._precall  # the pre-call part of the reconciler, asked directly
+        w.clock.t += 5.0
+        assert precall.answered_within(FIRST_TURN_SECONDS) == frozenset()
+        assert precall.answered_within(10.0) == {"cool"}
+        w.clock.t += 6.0
+        assert precall.answered_within(10.0) == frozenset()
+
+    asyncio.run(scenario())

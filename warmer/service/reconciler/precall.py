@@ -242,11 +242,13 @@ class PrecallWarming:
             self._answered[result.agent_id] = self._clock.now()
         return result
 
-    def _answered_within(self, seconds: float) -> frozenset[str]:
-        """Agents answered ready this recently: their calls' first turns may not have reached the box."""
+    def answered_within(self, seconds: float) -> frozenset[str]:
+        """Agents answered ready this recently: their calls' first turns may not have reached the box.
+        Answers older than the protection window (the longest asked for) are forgotten."""
         now = self._clock.now()
-        self._answered = {agent: at for agent, at in self._answered.items() if now - at <= seconds}
-        return frozenset(self._answered)
+        keep = max(seconds, self._loans.protect_seconds)
+        self._answered = {agent: at for agent, at in self._answered.items() if now - at <= keep}
+        return frozenset(agent for agent, at in self._answered.items() if now - at <= seconds)
 
     async def _lend(self, agent_id: str) -> bool:
         """Room for an agent no box of whose group can take its call, on the box of its model where the
@@ -303,7 +305,7 @@ class PrecallWarming:
                 volume=self._desired.volume,
                 capacity=self._health.capacity,
                 busy=lambda box_id, prefix_hash: (box_id, prefix_hash) in self._runner.in_flight,
-                answered=self._answered_within(protect),
+                answered=self.answered_within(protect),
             )
             if lent is not None:
                 break
