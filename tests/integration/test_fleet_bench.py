@@ -29,7 +29,7 @@ def test_fleet_bench_records_engine_numbers_for_routers_and_warmer(
     args = parse_args(
         [
             "--setting", "tight", "--model", "light", "--policies", "cache_aware,warmer",
-            "--boxes", "2", "--agents", "2", "--prompt-tokens", "1500", "--calls", "5",
+            "--shape", "realmix", "--boxes", "2", "--agents", "2", "--calls", "5",
             "--window", "10", "--pause", "0.3,0.8", "--restart-gap", "0.5", "--reply-tokens", "4",
             "--warm-timeout", "120", "--results-dir", str(tmp_path / "results"),
         ]
@@ -47,9 +47,17 @@ def test_fleet_bench_records_engine_numbers_for_routers_and_warmer(
     # the limit is turn 1 with the stable prefix cached: the engine said so for every sample
     assert tight["calibration"]["warm_min_prefix_cached_ratio"] >= 0.99
     # the same seeded agents and schedule, rebuilt here: what each call's turn 1 was, as warmer renders it
-    agents = build_agents(tmp_path / "agents", args.prompt_tokens, args.seed, args.agents)
+    agents = build_agents(
+        tmp_path / "agents", args.prompt_tokens, args.seed, args.agents, args.mix.prompt_tokens
+    )
     schedule = ScheduleSpec(
-        calls=args.calls, arrival_window_s=args.window, pause_s=args.pause_range, seed=args.seed
+        calls=args.calls,
+        arrival_window_s=args.window,
+        pause_s=args.pause_range,
+        seed=args.seed,
+        turn_weights=args.mix.turn_weights,
+        tool_share=args.mix.tool_share,
+        background=True,
     )
     plans = {c.call_id: c for c in make_schedule(schedule, agents.order)}
     tokenize = offline_tokenizer(load_profile(REPO / "models" / "tiny-demo.toml"))
@@ -72,6 +80,20 @@ def test_fleet_bench_records_engine_numbers_for_routers_and_warmer(
                 assert 0 <= turn["cached_tokens"] <= turn["prompt_tokens"]
                 assert turn["processed_tokens"] + turn["cached_tokens"] == turn["prompt_tokens"]
             assert record["stable_tokens"] == stable_tokens[record["agent"]]
+            # the real mix: one background request once the call reached its second turn (or its only one)
+            plan = plans[record["call_id"]]
+            if len(record["turns"]) >= (plan.background_after or 0) and not record["error"]:
+                (background,) = record["background"]
+                assert (
+                    background["processed_tokens"] + background["cached_tokens"]
+                    == background["prompt_tokens"]
+                )
+                assert background["prompt_tokens"] > 0
+                if policy != "cache_aware":  # behind warmer it goes to the call's own box, no slot named
+                    assert background["box_id"] == record["turns"][0]["box_id"]
+        assert sum(c.turns for c in plans.values()) > 2 * len(plans)  # calls of several turns
+        with_background = sum(b["processed_tokens"] for c in calls for b in c["background"])
+        assert figures["calls_prefill_tokens"] >= with_background > 0  # counted as the calls' own
 
         # every box was restarted once, and its counters were read on both sides of the restart
         assert sorted(r["box_id"] for r in run["restarts"]) == ["llama-0", "llama-1"]

@@ -324,6 +324,35 @@ def test_a_suspect_box_is_probed_and_an_evicted_prefix_leaves_the_route_until_re
     asyncio.run(scenario())
 
 
+def test_an_engine_that_claims_every_prompt_cached_is_never_ready(store_url: str) -> None:
+    """A consistent liar: every answer claims the whole prompt cached while nothing is (its over-claims
+    stay within what was sent, so each warm alone would read as verified). The restart warm-up's long
+    prefill starts with a fresh nonce: a hit claimed there cannot be true, so the box's reports prove
+    nothing and it is never ready; an honest engine passes the same check."""
+
+    async def scenario() -> None:
+        engine = FakeEngine(["b1", "b2"])
+        engine.lies = True
+        w = world(store_url, engine=engine)
+        await settle(w.reconciler)
+        assert w.reconciler.ready_box_ids() == set()
+        assert engine.warms() == []  # nothing is warmed on reports that prove nothing
+        phases = await w.store.list_phases("b1", "gen-0")
+        assert [(p.phase, p.ok) for p in phases][-1] == (PhaseName.LONG_PREFILL, False)
+        assert "made up this moment" in (phases[-1].error or "")
+        box = await StatusService(w.reconciler, w.store).box("b1")
+        assert box is not None
+        assert "made up this moment" in (box.warmup_error or "")
+
+        engine.lies = False
+        w.engine.restart("b1")  # an honest process: the same check passes
+        await settle(w.reconciler)
+        assert "b1" in (w.reconciler.ready_box_ids() or set())
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_failed_restart_phase_is_recorded_with_its_reason_and_blocks_prefixes(store_url: str) -> None:
     async def scenario() -> None:
         engine = FakeEngine(["b1", "b2"])

@@ -159,8 +159,10 @@ def test_the_survivor_reprobes_a_dead_replicas_boxes_before_routing_them(url: st
         clock.t += LEASES.lease_seconds  # "one" dies: it never renews again
         await two.beat()
         assert two.ownership.owned() == set(BOX_IDS)
+        engine.gate = asyncio.Event()  # the re-probes wait at the engine until the check below
         await two.reconciler.tick()  # before the re-probes finish, nothing inherited is routed
         assert not inherited & (two.reconciler.ready_box_ids() or set())
+        engine.gate.set()
         await two.reconciler.wait_idle()
         await settle(two)
         assert {box for box, kind, _ in engine.log[probes_before:] if kind == "probe"} >= inherited

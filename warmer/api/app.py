@@ -15,7 +15,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm
+from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm, usage
 from warmer.api.observe import RequestMetricsMiddleware
 from warmer.api.services import ApiServices, Readiness
 from warmer.api.storeerrors import store_unavailable
@@ -27,6 +27,7 @@ ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
     prewarm.router,
     campaigns.router,
     capacity.router,
+    usage.router,
     deploy.router,
 )
 

@@ -22,6 +22,7 @@ from warmer.service.capacity import CapacityReport
 from warmer.service.deploy import DeployHandler
 from warmer.service.prewarm import PrewarmService
 from warmer.service.status import StatusQueries
+from warmer.service.usage import UsageService
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,3 +55,4 @@ class ApiServices:
     webhook_max_body_bytes: int = DEFAULT_WEBHOOK_MAX_BODY_BYTES  # deploy webhook bodies; bigger is 413
     capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)
     requests: RequestObserver | None = None  # every request by route template (warmer_http_requests)
+    usage: UsageService | None = None  # per-turn usage reports and turn 1 over them (POST/GET /v1/usage)

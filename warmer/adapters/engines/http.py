@@ -85,7 +85,7 @@ class EngineHttp:
         started = time.perf_counter()
         try:
             response = await self._client.request(
-                method, url, json=body, headers=headers, timeout=self._timeout(time_limit)
+                method, url, json=body, timeout=self._timeout(time_limit), headers=headers
             )
         # httpx splits timeouts into connect / read / write / pool, all TimeoutException subclasses
         # (https://www.python-httpx.org/advanced/timeouts): only a connect timeout means no one took the call.
@@ -121,7 +121,8 @@ class EngineHttp:
         retry: bool = True,
         headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One call with the policy's retries for transient failures; raises typed errors."""
+        """One call with the policy's retries for transient failures; raises typed errors. `headers` (e.g. a
+        hosted API's key) are sent as they are and never appear in an error message."""
         limit = self.timeouts.request if time_limit is None else time_limit
         attempts = max(1, self.retry.attempts) if retry else 1
         retrying = AsyncRetrying(
@@ -138,8 +139,15 @@ class EngineHttp:
                 return await self._once(box, method, path, body, limit, headers)
         raise AssertionError("unreachable: tenacity re-raises the last failure")  # pragma: no cover
 
-    async def get_json(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> JsonObject:
-        result = await self.request(box, "GET", path, time_limit=time_limit)
+    async def get_json(
+        self,
+        box: BoxSpec,
+        path: str,
+        *,
+        time_limit: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> JsonObject:
+        result = await self.request(box, "GET", path, time_limit=time_limit, headers=headers)
         return parse_object(box, path, result.text)
 
     async def post_json(
@@ -158,14 +166,18 @@ class EngineHttp:
     async def get_text(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> str:
         return (await self.request(box, "GET", path, time_limit=time_limit)).text
 
-    async def health_answer(self, box: BoxSpec, path: str) -> tuple[int | None, bool]:
+    async def health_answer(
+        self, box: BoxSpec, path: str, *, headers: Mapping[str, str] | None = None
+    ) -> tuple[int | None, bool]:
         """Health-style call: (HTTP status or None, whether it timed out). No retries.
 
         A timeout is told apart from "no answer at all" because some engines' health route does real work
         (SGLang runs a one-token generation) and is slow, not down, on a busy box.
         """
         try:
-            response = await self._client.get(box_url(box, path), timeout=self._timeout(self.timeouts.health))
+            response = await self._client.get(
+                box_url(box, path), timeout=self._timeout(self.timeouts.health), headers=headers
+            )
         except httpx.ConnectTimeout:
             return None, False
         except httpx.TimeoutException:
@@ -174,10 +186,12 @@ class EngineHttp:
             return None, False
         return response.status_code, False
 
-    async def status(self, box: BoxSpec, path: str) -> int | None:
+    async def status(
+        self, box: BoxSpec, path: str, *, headers: Mapping[str, str] | None = None
+    ) -> int | None:
         """Health-style call: the HTTP status, or None when the engine did not answer at all. No retries.
         Raises `EngineSlow` when it took the connection but did not answer in time (busy, not down)."""
-        status, timed_out = await self.health_answer(box, path)
+        status, timed_out = await self.health_answer(box, path, headers=headers)
         if timed_out:
             raise EngineSlow(box.id, f"GET {path} timed out after {self.timeouts.health:g}s")
         return status

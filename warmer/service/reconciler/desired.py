@@ -114,6 +114,7 @@ class DesiredState:
             precall=precall,
             last_activity=dict(last_activity),
             placed=placed,
+            calls_per_minute=volume,
         )
         return self.current
 
