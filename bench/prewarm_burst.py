@@ -50,9 +50,9 @@ from warmer.core.planner import PlannerConfig
 from warmer.core.readiness import Route
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import SystemClock
-from warmer.service.prewarm import PrewarmService, ReconcilerBackend
+from warmer.service.dialer.prewarm import PrewarmService, ReconcilerBackend
+from warmer.service.engine_work.warming import WarmExecutor
 from warmer.service.reconciler import ComputedPrefix, Reconciler, ReconcilerConfig
-from warmer.service.warming import WarmExecutor
 from warmer.testing import is_probe
 
 PREFIX_TOKENS = 1500

@@ -1,8 +1,8 @@
 """What test doubles of warmer's seams need to know, in one place (as `structlog.testing` does for structlog).
 
-A fake engine has to tell a probe from a warm: the executor (`warmer.service.warming`) verifies a prefix by
-sending it again with a unique suffix that starts with `PROBE_MARK`. The executor takes the mark from here,
-so a fake or a benchmark that decodes it with `is_probe` cannot drift from what is sent.
+A fake engine has to tell a probe from a warm: the executor (`warmer.service.engine_work.warming`) verifies a
+prefix by sending it again with a unique suffix that starts with `PROBE_MARK`. The executor takes the mark
+from here, so a fake or a benchmark that decodes it with `is_probe` cannot drift from what is sent.
 """
 
 from __future__ import annotations

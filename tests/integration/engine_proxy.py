@@ -39,7 +39,8 @@ from aiohttp import web
 from testbed.fleet import free_loopback_port
 
 COMPLETION_PATHS = frozenset({"/completion", "/completions", "/v1/completions", "/v1/chat/completions"})
-PROBE_MARK = "\n#probe "  # the executor's probe suffix starts with this (warmer/service/warming.py)
+# the executor's probe suffix starts with this (warmer/service/engine_work/warming.py)
+PROBE_MARK = "\n#probe "
 HANG_SECONDS = 3600.0
 
 

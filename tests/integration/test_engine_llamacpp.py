@@ -22,7 +22,7 @@ from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.cli import main
 from warmer.core.model import BoxSpec, CacheStats, EngineKind, EngineTimeouts, ModelProfile, Prefix
 from warmer.root.engines import SystemClock
-from warmer.service.warming import WarmExecutor, WarmOutcome
+from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, ModelProfile, Prefix
 from warmer.root.engines import SystemClock
-from warmer.service.warming import WarmExecutor, WarmOutcome
+from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

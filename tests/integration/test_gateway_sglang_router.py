@@ -21,7 +21,7 @@ from tests.integration.router_harness import running_router
 from warmer.adapters.gateway.sglang_router import SglangRouterGateway
 from warmer.core.hitrate import cache_stats_from_metrics
 from warmer.core.model import BoxSpec, EngineKind
-from warmer.service.gateway_sync import GatewaySync
+from warmer.service.fleet.gateway_sync import GatewaySync
 
 pytestmark = pytest.mark.integration
 

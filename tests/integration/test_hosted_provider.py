@@ -35,7 +35,7 @@ from warmer.core.lint import lint_agent
 from warmer.core.model import BoxSpec, ModelProfile, Prefix
 from warmer.core.prefix import compute_stable_prefix
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
-from warmer.service.warming import WarmExecutor, WarmOutcome
+from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
 PROFILES = load_profile_set()
 OPENAI = PROFILES["openai-gpt-4.1"]

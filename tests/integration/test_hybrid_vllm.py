@@ -29,8 +29,8 @@ from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource
 from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, KvEventsEndpoint, ModelProfile, Prefix
 from warmer.core.residency import BlockStored, PrefixState
 from warmer.root.engines import SystemClock
-from warmer.service.cache_events import CacheEventWatcher, ResetReason
-from warmer.service.warming import WarmExecutor, WarmOutcome
+from warmer.service.engine_signals.cache_events import CacheEventWatcher, ResetReason
+from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

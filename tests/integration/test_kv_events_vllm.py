@@ -43,10 +43,10 @@ from warmer.core.residency import BlockStored, PrefixResidency, PrefixState
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.kv_events import cache_event_task
 from warmer.root.reconcile import reconciler_config, run_timers
-from warmer.service.cache_events import CacheEventWatcher, ResetReason
+from warmer.service.engine_signals.cache_events import CacheEventWatcher, ResetReason
+from warmer.service.engine_work.warming import WarmExecutor
 from warmer.service.reconciler import Reconciler
 from warmer.service.reconciler.types import ComputedPrefix
-from warmer.service.warming import WarmExecutor
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 

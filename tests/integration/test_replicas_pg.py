@@ -44,7 +44,7 @@ from tests.integration.engine_proxy import EngineProxy, Seen, engine_completion_
 from warmer.adapters.store import upgrade_database
 from warmer.config.agents import load_agent_specs
 from warmer.core.webhook import SIGNATURE_HEADER, sign_body
-from warmer.service.deploy import rollout_epoch_tag
+from warmer.service.fleet.deploy import rollout_epoch_tag
 
 pytestmark = pytest.mark.integration
 

@@ -26,12 +26,12 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.config.server_settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
 from warmer.core.errors import StoreUnavailable
 from warmer.core.webhook import SIGNATURE_HEADER, BoxUrlPolicy, sign_body
-from warmer.service.campaigns import CampaignService
-from warmer.service.capacity import CapacityService, PrefillCeilings
-from warmer.service.deploy import DeployService, WebhookConfig
-from warmer.service.prewarm import PrewarmService, ReconcilerBackend
-from warmer.service.status import StatusService
-from warmer.service.usage import UsageService
+from warmer.service.dialer.campaigns import CampaignService
+from warmer.service.dialer.prewarm import PrewarmService, ReconcilerBackend
+from warmer.service.dialer.usage import UsageService
+from warmer.service.fleet.deploy import DeployService, WebhookConfig
+from warmer.service.views.capacity import CapacityService, PrefillCeilings
+from warmer.service.views.status import StatusService
 
 TOKEN = "front-door-token"
 SECRET = "front-door-secret"

@@ -1,4 +1,4 @@
-"""The KV event watcher (`warmer.service.cache_events`) over a fake event port (our seam).
+"""The KV event watcher (`warmer.service.engine_signals.cache_events`) over a fake event port (our seam).
 
 The fakes (`FakePublisher`, `FakePort`, `FakeCache`) are in tests/unit/kv_cache_fakes.py.
 """
@@ -15,7 +15,7 @@ from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, FakeSt
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import BoxSpec, CacheLayout, EngineKind, KvEventsEndpoint, Prefix
 from warmer.core.residency import AllBlocksCleared, PrefixState
-from warmer.service.cache_events import CacheEventsConfig, CacheEventWatcher, ResetReason
+from warmer.service.engine_signals.cache_events import CacheEventsConfig, CacheEventWatcher, ResetReason
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -30,7 +30,7 @@ from warmer.core.model import Campaign, WarmState
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
-from warmer.service.campaigns import (
+from warmer.service.dialer.campaigns import (
     CampaignService,
     ScheduleFileInvalid,
     ScheduleFileSync,

@@ -50,15 +50,15 @@ from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.capacity import OfflineStablePrefixes, capacity_config
 from warmer.root.metrics import CapacityMetrics, Metrics
-from warmer.service.capacity import (
+from warmer.service.engine_signals.hitrate_monitor import HitRateConfig, HitRateMonitor
+from warmer.service.engine_work.restart_warmup import RestartWarmup, long_prefill_target
+from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.views.capacity import (
     CapacityConfig,
     CapacityReport,
     CapacityService,
     PrefillCeilings,
 )
-from warmer.service.hitrate_monitor import HitRateConfig, HitRateMonitor
-from warmer.service.reconciler import Reconciler, ReconcilerConfig
-from warmer.service.restart_warmup import RestartWarmup, long_prefill_target
 
 BOX = BoxSpec(id="b1", base_url="http://b1:8080", engine=EngineKind.LLAMACPP, model="m")
 

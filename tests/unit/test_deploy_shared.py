@@ -17,7 +17,7 @@ from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.core.shared_state import SharedFleetState
 from warmer.core.webhook import BoxUrlPolicy, sign_body
-from warmer.service.deploy import (
+from warmer.service.fleet.deploy import (
     DeployOutcome,
     DeployResult,
     DeployService,

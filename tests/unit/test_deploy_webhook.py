@@ -21,7 +21,7 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxSpec, WarmState
 from warmer.core.webhook import SIGNATURE_HEADER, BoxUrlPolicy, sign_body
-from warmer.service.deploy import DeployResult, DeployService, WebhookConfig, rollout_epoch_tag
+from warmer.service.fleet.deploy import DeployResult, DeployService, WebhookConfig, rollout_epoch_tag
 from warmer.service.reconciler import Reconciler
 
 SECRET = "deploy-secret"

@@ -23,7 +23,7 @@ from warmer.config.settings import Settings
 from warmer.core.errors import ConfigError, DiscoveryUnavailable
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.root.app import build
-from warmer.service.discovery import FleetDiscovery
+from warmer.service.fleet.discovery import FleetDiscovery
 
 TEMPLATE = PodTemplate(engine=EngineKind.SGLANG, model="dense-sglang", port=30000, slots=48, group="gpu")
 

@@ -25,7 +25,7 @@ from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
 from warmer.core.model import BoxSpec, CacheStats, CompletionReport, EngineKind, ModelProfile, Prefix
-from warmer.service.warming import WarmExecutor, WarmOutcome
+from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
 LLAMA = box(EngineKind.LLAMACPP)
 VLLM = box(EngineKind.VLLM)

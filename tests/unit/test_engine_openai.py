@@ -26,7 +26,7 @@ from warmer.core.errors import (
     NotSupported,
 )
 from warmer.core.model import EngineKind, ModelProfile, Prefix
-from warmer.service.warming import WarmExecutor
+from warmer.service.engine_work.warming import WarmExecutor
 from warmer.testing import PROBE_MARK
 
 BOX = box(EngineKind.OPENAI)

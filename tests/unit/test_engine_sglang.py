@@ -23,7 +23,7 @@ from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.sglang import SglangEngine, layout_from_server_info
 from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import CacheTier, EngineKind, MambaStrategy, ModelProfile, Prefix
-from warmer.service.warming import WarmExecutor
+from warmer.service.engine_work.warming import WarmExecutor
 
 BOX = box(EngineKind.SGLANG)
 PREFIX = Prefix(text="You are a helpful voice agent. " * 20, token_count=140)

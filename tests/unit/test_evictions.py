@@ -13,7 +13,7 @@ from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix, War
 from warmer.core.planner import WarmKey
 from warmer.core.residency import PrefixState
 from warmer.core.warmstate import RetryBackoff
-from warmer.service.cache_events import CacheEventWatcher, ResetReason
+from warmer.service.engine_signals.cache_events import CacheEventWatcher, ResetReason
 from warmer.service.reconciler.evictions import EvictionReactions
 
 pytestmark = pytest.mark.timeout(30)

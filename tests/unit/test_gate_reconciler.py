@@ -19,7 +19,7 @@ from warmer.core.model import CompletionReport
 from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.metrics import ReconcileMetrics
-from warmer.service.status import AdmitView, StatusService
+from warmer.service.views.status import AdmitView, StatusService
 
 GATE = GateConfig(max_hold_seconds=120.0, max_held_share=0.5)
 

@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from warmer.core.errors import GatewayError
 from warmer.core.model import BoxSpec, EngineKind
-from warmer.service.gateway_sync import GatewaySync, SyncOutcome
+from warmer.service.fleet.gateway_sync import GatewaySync, SyncOutcome
 
 
 def box(n: int) -> BoxSpec:

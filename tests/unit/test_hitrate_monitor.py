@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from warmer.core.errors import EngineUnavailable, NotSupported
 from warmer.core.hitrate import HitRateStatus
 from warmer.core.model import BoxSpec, CacheLayout, CacheStats, EngineKind
-from warmer.service.hitrate_monitor import (
+from warmer.service.engine_signals.hitrate_monitor import (
     EVENT_BELOW,
     EVENT_RECOVERED,
     HitRateConfig,

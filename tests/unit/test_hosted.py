@@ -38,7 +38,7 @@ from warmer.core.planner import (
 from warmer.core.prefix import compute_stable_prefix
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.engines import hosted_api_keys
-from warmer.service.restart_warmup import RestartWarmup
+from warmer.service.engine_work.restart_warmup import RestartWarmup
 
 
 def test_request_form_round_trips_whole_lines_and_drops_the_unfinished_one() -> None:

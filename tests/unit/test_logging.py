@@ -14,7 +14,7 @@ from pydantic import SecretStr
 
 from warmer.core.model import BoxSpec, CacheLayout, CompletionReport, EngineKind, ModelProfile, Prefix
 from warmer.root.logging import MASK, NOISY_LIBRARY_LOGGERS, configure_logging
-from warmer.service.warming import WarmExecutor
+from warmer.service.engine_work.warming import WarmExecutor
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,8 @@ from warmer.core.model import BoxSpec, CacheLayout, CacheStats, EngineKind
 from warmer.core.promtext import parse_prometheus_text
 from warmer.root.app import build
 from warmer.root.database import ManagedStore
-from warmer.service.gateway_sync import GatewaySync
-from warmer.service.hitrate_monitor import HitRateConfig, HitRateMonitor
+from warmer.service.engine_signals.hitrate_monitor import HitRateConfig, HitRateMonitor
+from warmer.service.fleet.gateway_sync import GatewaySync
 
 BOX = BoxSpec(id="box-1", base_url="http://10.0.0.1:8000", engine=EngineKind.VLLM, model="m")
 

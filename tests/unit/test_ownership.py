@@ -14,7 +14,7 @@ from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.core.errors import StoreUnavailable
 from warmer.core.leases import LeaseConfig, LeaseView
-from warmer.service.ownership import BoxOwnership, default_replica_id
+from warmer.service.replicas.ownership import BoxOwnership, default_replica_id
 
 BOXES = ("b1", "b2", "b3")
 CONFIG = LeaseConfig(lease_seconds=15.0, renew_seconds=5.0)

@@ -25,7 +25,7 @@ from warmer.core.model import WarmState
 from warmer.core.readiness import Route
 from warmer.root.metrics import Metrics
 from warmer.root.server import api_server, run_daemon_loop
-from warmer.service.prewarm import PrewarmService
+from warmer.service.dialer.prewarm import PrewarmService
 
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 JSON = {"content-type": "application/json"}

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tests.unit.reconciler_fakes import FakeEngine, World, routed_boxes, settle, world
 from warmer.core.model import BoxSpec, CompletionReport, Prefix
 from warmer.core.planner import PlannerConfig, WarmBudget
-from warmer.service.prewarm import PrewarmAnswer, PrewarmAsk, PrewarmService, ReconcilerBackend
+from warmer.service.dialer.prewarm import PrewarmAnswer, PrewarmAsk, PrewarmService, ReconcilerBackend
 
 BOUND_SECONDS = 30.0  # a bound on the test, never the behaviour under test
 

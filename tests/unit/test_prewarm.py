@@ -23,7 +23,7 @@ from warmer.core.model import BoxSpec, WarmState
 from warmer.core.planner import PlannerConfig
 from warmer.core.readiness import Route
 from warmer.core.warm_budget import WarmBudget
-from warmer.service.prewarm import (
+from warmer.service.dialer.prewarm import (
     CallVolumeMeter,
     PrewarmAnswer,
     PrewarmAsk,

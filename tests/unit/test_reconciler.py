@@ -39,9 +39,9 @@ from warmer.core.placement import AgentDemand, PlacementConfig, place
 from warmer.core.planner import PlannerConfig, WarmupStatus
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.metrics import ReconcileMetrics
+from warmer.service.engine_work.restart_warmup import RestartWarmup, burst_levels
 from warmer.service.reconciler import UnknownAgent
-from warmer.service.restart_warmup import RestartWarmup, burst_levels
-from warmer.service.status import StatusService
+from warmer.service.views.status import StatusService
 
 T = TypeVar("T")
 

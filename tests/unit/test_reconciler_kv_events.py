@@ -20,7 +20,7 @@ from tests.unit.reconciler_fakes import PROFILE, FencedOutStore, World, settle, 
 from warmer.core.model import KvEventsEndpoint, Prefix, WarmRecord, WarmState
 from warmer.core.planner import PlannerConfig
 from warmer.core.residency import PrefixState
-from warmer.service.cache_events import CacheEventWatcher, ResetReason
+from warmer.service.engine_signals.cache_events import CacheEventWatcher, ResetReason
 
 pytestmark = pytest.mark.timeout(60)
 

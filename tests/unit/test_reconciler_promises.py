@@ -14,7 +14,7 @@ from tests.unit.reconciler_fakes import FakeEngine, FencedOutStore, World, route
 from warmer.core.errors import EngineSlow, EngineUnavailable
 from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmState
 from warmer.core.planner import PlannerConfig, WarmBudget
-from warmer.service.status import StatusService
+from warmer.service.views.status import StatusService
 from warmer.testing import is_probe
 
 HOUR = 3600.0

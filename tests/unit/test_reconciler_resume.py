@@ -13,7 +13,7 @@ from tests.unit.reconciler_fakes import FakeClock, World, route_boxes, settle, w
 from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord, WarmRecord, WarmState
 from warmer.core.warmstate import RetryBackoff
 from warmer.service.reconciler import NullObserver
-from warmer.service.status import StatusService
+from warmer.service.views.status import StatusService
 
 
 class ReadyRecorder(NullObserver):

@@ -30,16 +30,16 @@ from warmer.core.planner import PlannerConfig
 from warmer.core.shared_state import StateChange
 from warmer.core.warm_budget import WarmBudget
 from warmer.core.webhook import BoxUrlPolicy, sign_body
-from warmer.service.deploy import (
+from warmer.service.fleet.deploy import (
     DeployOutcome,
     DeployResult,
     DeployService,
     WebhookConfig,
     rollout_drain_reason,
 )
-from warmer.service.ownership import BoxOwnership, SoleOwnership
 from warmer.service.reconciler import Reconciler, ReconcilerConfig
-from warmer.service.replica_gate import ReplicaGate
+from warmer.service.replicas.ownership import BoxOwnership, SoleOwnership
+from warmer.service.replicas.replica_gate import ReplicaGate
 
 BOX_IDS = ("b1", "b2", "b3", "b4")
 LEASES = LeaseConfig(lease_seconds=15.0, renew_seconds=5.0)

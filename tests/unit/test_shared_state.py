@@ -13,7 +13,7 @@ from warmer.core.shared_state import (
     box_from_data,
     box_to_data,
 )
-from warmer.service.shared_view import warmup_from_phases
+from warmer.service.replicas.shared_view import warmup_from_phases
 
 A = BoxSpec(id="a", base_url="http://127.0.0.1:9001", engine=EngineKind.LLAMACPP, model="tiny", slots=2)
 B = BoxSpec(id="b", base_url="http://127.0.0.1:9002", engine=EngineKind.VLLM, model="tiny", group="g")

@@ -27,7 +27,7 @@ from warmer.core.promtext import parse_prometheus_text
 from warmer.root.app import build
 from warmer.root.capacity import OfflineStablePrefixes
 from warmer.root.metrics import Metrics
-from warmer.service.usage import UsageService, UsageWindowConfig
+from warmer.service.dialer.usage import UsageService, UsageWindowConfig
 
 TOKEN = "t0ken"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

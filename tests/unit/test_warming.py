@@ -16,7 +16,7 @@ from warmer.core.model import (
     ModelProfile,
     Prefix,
 )
-from warmer.service.warming import WarmExecutor
+from warmer.service.engine_work.warming import WarmExecutor
 
 BOX = BoxSpec(id="b", base_url="http://b:1", engine=EngineKind.SGLANG, model="m")
 DENSE = ModelProfile(name="m", engine=EngineKind.SGLANG)

@@ -2,7 +2,7 @@
 
 `/v1/boxes/{id}/ready` answers 200 or 503 with a JSON reason and needs no token, so a gateway health check
 or a Kubernetes readiness probe can point at it directly (it reveals only ready/not ready and why). The
-others are ops views behind the bearer token. Thin shell: every answer is `warmer.service.status`.
+others are ops views behind the bearer token. Thin shell: every answer is `warmer.service.views.status`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from warmer.api.schemas import (
 from warmer.api.services import ApiServices
 from warmer.api.storeerrors import store_problem
 from warmer.core.errors import StoreError
-from warmer.service.status import BoxView, StatusQueries, StatusUnavailable
+from warmer.service.views.status import BoxView, StatusQueries, StatusUnavailable
 
 
 def _plain(value: Any) -> Any:

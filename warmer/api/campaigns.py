@@ -44,7 +44,7 @@ from warmer.core.campaigns import (
     UnknownCampaignAgent,
     campaign_json,
 )
-from warmer.service.campaigns import CampaignService
+from warmer.service.dialer.campaigns import CampaignService
 
 # Checked in warmer.core.campaigns (one validator for the API and the schedule file); the schema only says
 # what it accepts, range included, so clients and generated tests see the real bounds.

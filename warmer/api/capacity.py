@@ -1,6 +1,6 @@
 """`GET /v1/capacity`: per agent group, the uncached prefill budget left (tokens/s), for pacing a campaign.
 
-Behind the bearer token like `/v1/routes`. Thin shell: the answer is `warmer.service.capacity`.
+Behind the bearer token like `/v1/routes`. Thin shell: the answer is `warmer.service.views.capacity`.
 """
 
 from __future__ import annotations

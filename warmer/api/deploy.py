@@ -1,4 +1,4 @@
-"""`POST /v1/events/deploy`: the signed deploy webhook. Thin shell over `warmer.service.deploy`.
+"""`POST /v1/events/deploy`: the signed deploy webhook. Thin shell over `warmer.service.fleet.deploy`.
 
 No bearer token: the HMAC signature over the raw body is the authentication (the deploy pipeline holds the
 shared secret). The body is read raw and bounded, because the signature covers the exact bytes sent.
@@ -24,7 +24,7 @@ from warmer.api.schemas import DeployAnswer, described, inline_json_schema
 from warmer.api.services import ApiServices
 from warmer.config.webhook_payloads import DeployEvent
 from warmer.core.webhook import SIGNATURE_HEADER
-from warmer.service.deploy import DeployOutcome, DeployResult
+from warmer.service.fleet.deploy import DeployOutcome, DeployResult
 
 _STATUS = {
     DeployOutcome.ACCEPTED: 202,

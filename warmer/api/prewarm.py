@@ -41,7 +41,7 @@ from warmer.api.services import ApiServices
 from warmer.api.storeerrors import STORE_RETRY_AFTER_SECONDS, store_problem
 from warmer.core.errors import StoreError
 from warmer.core.jsonbody import JsonBodyRejected, parse_json_body
-from warmer.service.prewarm import (
+from warmer.service.dialer.prewarm import (
     PrewarmAnswer,
     PrewarmAsk,
     PrewarmInvalid,

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from warmer.core.capacity import AgentCapacity, BoxCapacity
-from warmer.service.status import AgentRoutes, BoxView
+from warmer.service.views.status import AgentRoutes, BoxView
 
 
 class Health(BaseModel):

@@ -17,12 +17,12 @@ from pydantic import SecretStr
 import warmer
 from warmer.api.observe import RequestObserver
 from warmer.config.server_settings import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WEBHOOK_MAX_BODY_BYTES
-from warmer.service.campaigns import CampaignService
-from warmer.service.capacity import CapacityReport
-from warmer.service.deploy import DeployHandler
-from warmer.service.prewarm import PrewarmService
-from warmer.service.status import StatusQueries
-from warmer.service.usage import UsageService
+from warmer.service.dialer.campaigns import CampaignService
+from warmer.service.dialer.prewarm import PrewarmService
+from warmer.service.dialer.usage import UsageService
+from warmer.service.fleet.deploy import DeployHandler
+from warmer.service.views.capacity import CapacityReport
+from warmer.service.views.status import StatusQueries
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class Readiness:
 
 
 class CapacityQueries(Protocol):
-    """What `GET /v1/capacity` asks (`warmer.service.capacity.CapacityService` answers)."""
+    """What `GET /v1/capacity` asks (`warmer.service.views.capacity.CapacityService` answers)."""
 
     async def report(self) -> CapacityReport: ...
 

@@ -27,7 +27,7 @@ from warmer.api.schemas import UNAUTHORIZED, UNAVAILABLE, Problem, TooLarge, des
 from warmer.api.services import ApiServices
 from warmer.core.call_report import CallUsageReport, call_usage_json
 from warmer.core.call_usage import MAX_LABEL_CHARS, MAX_TURN, UsageFieldError, read_usage_record
-from warmer.service.usage import UnknownUsageLabel
+from warmer.service.dialer.usage import UnknownUsageLabel
 
 
 class UsageBody(BaseModel):

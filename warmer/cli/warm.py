@@ -2,7 +2,8 @@
 
 Thin shell: the prefix comes from an agent spec (`warmer.core.prefix`, rendered offline with the model
 profile's chat template and tokenizer, as `warmer render` does) or from a file; the request and its
-verification are `warmer.service.warming.WarmExecutor` over the dispatcher built by `warmer.root.engines`.
+verification are `warmer.service.engine_work.warming.WarmExecutor` over the dispatcher built by
+`warmer.root.engines`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from warmer.core.model import BoxSpec, EngineKind, ModelProfile, Prefix
 from warmer.core.prefix import compute_stable_prefix
 from warmer.ports import EnginePort
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
-from warmer.service.warming import WarmExecutor, WarmOutcome
+from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
 EXIT_NOT_VERIFIED = 1
 EXIT_USAGE = 2

@@ -46,14 +46,14 @@ from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_ti
 from warmer.root.replicas import ReplicaWiring
 from warmer.root.server import api_server
 from warmer.root.supervisor import Supervisor
-from warmer.service.capacity import CapacityService, PrefillCeilings
-from warmer.service.gateway_sync import GatewaySync
-from warmer.service.hitrate_monitor import HitRateMonitor
-from warmer.service.prewarm import CallVolumeMeter
+from warmer.service.dialer.prewarm import CallVolumeMeter
+from warmer.service.dialer.usage import UsageService, UsageWindowConfig
+from warmer.service.engine_signals.hitrate_monitor import HitRateMonitor
+from warmer.service.engine_work.restart_warmup import RestartWarmup
+from warmer.service.fleet.gateway_sync import GatewaySync
 from warmer.service.reconciler import Reconciler
-from warmer.service.restart_warmup import RestartWarmup
-from warmer.service.status import StatusService
-from warmer.service.usage import UsageService, UsageWindowConfig
+from warmer.service.views.capacity import CapacityService, PrefillCeilings
+from warmer.service.views.status import StatusService
 
 # How long /readyz waits for the database to answer before calling it unreachable (seconds).
 READINESS_DB_TIMEOUT_SECONDS = 2.0

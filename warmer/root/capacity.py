@@ -17,8 +17,8 @@ from warmer.core.errors import ConfigError, WarmerError
 from warmer.core.model import ModelProfile
 from warmer.core.prefix import StablePrefix, compute_stable_prefix
 from warmer.ports import Clock
-from warmer.service.capacity import CapacityConfig, CapacityService
 from warmer.service.periodic import every_period
+from warmer.service.views.capacity import CapacityConfig, CapacityService
 
 
 def capacity_config(settings: Settings) -> CapacityConfig:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec
 from warmer.ports import Clock, CoordinationPort, StorePort
-from warmer.service.deploy import DeployService, FleetControl, WebhookConfig
+from warmer.service.fleet.deploy import DeployService, FleetControl, WebhookConfig
 
 
 def webhook_config(settings: Settings) -> WebhookConfig:

@@ -15,8 +15,8 @@ from warmer.config.settings import Settings
 from warmer.ports import StorePort
 from warmer.root.engines import SystemClock
 from warmer.root.logging import get_logger
-from warmer.service.campaigns import CampaignService, ScheduleFileInvalid, ScheduleFileSync
-from warmer.service.prewarm import CallVolumeMeter, PrewarmService, ReconcilerBackend
+from warmer.service.dialer.campaigns import CampaignService, ScheduleFileInvalid, ScheduleFileSync
+from warmer.service.dialer.prewarm import CallVolumeMeter, PrewarmService, ReconcilerBackend
 from warmer.service.reconciler import Reconciler
 
 

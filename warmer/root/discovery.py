@@ -14,7 +14,7 @@ from warmer.config.fleet_settings import KubernetesDiscoverySettings
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.root.engines import SystemClock
 from warmer.root.http import http_client
-from warmer.service.discovery import FleetDiscovery, FleetEditor
+from warmer.service.fleet.discovery import FleetDiscovery, FleetEditor
 
 
 def _token_reader(path: Path) -> Callable[[], str | None]:

@@ -7,7 +7,7 @@ import httpx
 from warmer.adapters.gateway.sglang_router import SglangRouterGateway
 from warmer.config.fleet_settings import GatewaySettings
 from warmer.config.settings import Settings
-from warmer.service.hitrate_monitor import HitRateConfig
+from warmer.service.engine_signals.hitrate_monitor import HitRateConfig
 
 # Bound on waiting for one add/remove to show in the router's list. Short: removals of the next pass wait
 # behind this pass, and an add that has not shown by then is simply seen (or retried) by the next pass.

@@ -13,7 +13,7 @@ from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource, block_hashe
 from warmer.core.model import BoxSpec
 from warmer.ports import Clock, EnginePort
 from warmer.root.supervisor import RootTask
-from warmer.service.cache_events import CacheEventWatcher
+from warmer.service.engine_signals.cache_events import CacheEventWatcher
 from warmer.service.reconciler.evictions import EvictionReactions
 
 

@@ -20,8 +20,8 @@ from warmer.config.settings import Settings
 from warmer.core.leases import LeaseConfig
 from warmer.ports import Clock
 from warmer.root.logging import get_logger
-from warmer.service.ownership import BoxOwnership, SoleOwnership
-from warmer.service.replica_gate import ReplicaGate
+from warmer.service.replicas.ownership import BoxOwnership, SoleOwnership
+from warmer.service.replicas.replica_gate import ReplicaGate
 
 RunTask = Callable[[asyncio.Event], Awaitable[None]]
 

@@ -46,7 +46,7 @@ How a cold box is kept out. Both gateways health-check their workers themselves 
 to a worker whose `/health` passes again, so a box that restarts while still registered would be
 re-admitted cold, before warmer re-warms it (measured against 0.3.2: a registered llama-server that is
 stopped and started again gets the router's traffic back with no call from warmer). Warmer therefore
-never leaves a box registered through a restart: gateway sync (warmer.service.gateway_sync) removes a
+never leaves a box registered through a restart: gateway sync (warmer.service.fleet.gateway_sync) removes a
 box as soon as it stops being ready (unhealthy, new epoch, not verified warm), and adds it back only once
 its current epoch is verified warm. The window left open is a restart faster than one health poll of the
 reconciler, bounded by its poll interval: the next poll sees the new epoch (server fingerprint, counters)

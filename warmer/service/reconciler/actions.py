@@ -4,8 +4,8 @@ Bookkeeping transitions (mark stale, retire, abandon) are written at once. Engin
 restart warm-up) runs as named tasks: at most one warm or probe per (box, prefix) at a time (callers of
 the same work await the same future) and within the box's concurrency budget (`slots`), which pre-call
 warms pass through too. Each piece of work writes its transition with a reason, so the store holds the
-history, and wakes the loop when done. How a warm is verified is `warmer.service.warming`; the restart
-warm-up runs in `restart_runs`.
+history, and wakes the loop when done. How a warm is verified is `warmer.service.engine_work.warming`;
+the restart warm-up runs in `restart_runs`.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ from warmer.core.warmstate import (
     transition,
 )
 from warmer.ports import Clock, StorePort
+from warmer.service.engine_work.restart_warmup import RestartWarmup
+from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 from warmer.service.reconciler.catalogue import PrefixCatalogue
 from warmer.service.reconciler.evictions import EvictionReactions
 from warmer.service.reconciler.prompts import PromptStaging
@@ -59,8 +61,6 @@ from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.restart_runs import RestartRuns
 from warmer.service.reconciler.types import ReconcileObserver, ReconcilerConfig
-from warmer.service.restart_warmup import RestartWarmup
-from warmer.service.warming import WarmExecutor, WarmOutcome
 
 Waiter = asyncio.Future[WarmRecord | None]
 

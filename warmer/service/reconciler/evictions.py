@@ -1,4 +1,5 @@
-"""What the reconciler does with what a box's KV cache events say (`warmer.service.cache_events`).
+"""What the reconciler does with what a box's KV cache events say
+(`warmer.service.engine_signals.cache_events`).
 
 * A warmed prefix evicted: its record goes WARM/STALE -> EVICTED at once (`ProbeCold` with the tokens the
   engine still holds), so the next pass re-warms it: the re-warm follows the removal, not a timer.
@@ -39,7 +40,7 @@ from warmer.core.warmstate import (
     transition,
 )
 from warmer.ports import Clock
-from warmer.service.cache_events import CacheEventWatcher, ResetReason
+from warmer.service.engine_signals.cache_events import CacheEventWatcher, ResetReason
 
 
 class RecordBook(Protocol):

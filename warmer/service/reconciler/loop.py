@@ -32,6 +32,8 @@ from warmer.core.model import BoxSpec, ModelProfile, WarmRecord
 from warmer.core.planner import BoxObservation, Desired, Observed, WarmKey, plan
 from warmer.core.readiness import Route, box_ready, routes
 from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.engine_work.restart_warmup import RestartWarmup
+from warmer.service.engine_work.warming import WarmExecutor
 from warmer.service.reconciler.parts import Hooks, build_parts
 from warmer.service.reconciler.types import (
     BoxLive,
@@ -43,9 +45,7 @@ from warmer.service.reconciler.types import (
     ReconcilerConfig,
     Snapshot,
 )
-from warmer.service.replica_gate import ReplicaGate
-from warmer.service.restart_warmup import RestartWarmup
-from warmer.service.warming import WarmExecutor
+from warmer.service.replicas.replica_gate import ReplicaGate
 
 
 class Reconciler:

@@ -17,6 +17,8 @@ from warmer.core.agents import AgentSpec
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.core.readiness import Route
 from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.engine_work.restart_warmup import RestartWarmup
+from warmer.service.engine_work.warming import WarmExecutor
 from warmer.service.reconciler.actions import ActionRunner
 from warmer.service.reconciler.activity import AgentActivity
 from warmer.service.reconciler.catalogue import PrefixCatalogue
@@ -32,9 +34,7 @@ from warmer.service.reconciler.replicas import ReplicaSync
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.tokenizer_drift import TokenizerDriftCheck
 from warmer.service.reconciler.types import PrefixSource, ReconcileObserver, ReconcilerConfig
-from warmer.service.replica_gate import ReplicaGate
-from warmer.service.restart_warmup import RestartWarmup
-from warmer.service.warming import WarmExecutor
+from warmer.service.replicas.replica_gate import ReplicaGate
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""The reconciler as one of several replicas on one database (`warmer.service.replica_gate`).
+"""The reconciler as one of several replicas on one database (`warmer.service.replicas.replica_gate`).
 
 - Each pass starts from the shared deploy state: rollout drains and epoch tags, and the webhook fleet
   changes (boxes joining or leaving the running fleet), whichever replica received the event.
@@ -26,7 +26,7 @@ from warmer.service.reconciler.actions import ActionRunner
 from warmer.service.reconciler.fleet_edits import FleetEdits, Rollout
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
-from warmer.service.replica_gate import ReplicaGate
+from warmer.service.replicas.replica_gate import ReplicaGate
 
 
 class ReplicaSync:

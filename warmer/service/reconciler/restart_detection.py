@@ -10,7 +10,7 @@ engine's own identity did not change.
 A changed epoch means the process restarted and holds nothing of the old one's cache: the box's records
 and pins leave the view at once (so it leaves every route), the new epoch is written to the store (which
 drops the old epochs' rows), its cache capacity is read again, and if an earlier daemon already ran this
-epoch's restart warm-up (`warmer.service.restart_warmup`), its progress is resumed from the store.
+epoch's restart warm-up (`warmer.service.engine_work.restart_warmup`), its progress is resumed from the store.
 
 A healthy box's capacity is also read again every `capacity_poll_seconds`: where its cache is a shared token
 pool, the share live calls hold grows and shrinks with load, and so does the room left for prefixes. The

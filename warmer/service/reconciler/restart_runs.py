@@ -1,6 +1,6 @@
 """The restart warm-up of a box's new epoch, run as a task: the engine-side work is
-`warmer.service.restart_warmup`; this records its phases and outcome (event log, phase row, the box's live
-health that readiness reads) and wakes the loop, so the prefixes' warms start only after it.
+`warmer.service.engine_work.restart_warmup`; this records its phases and outcome (event log, phase row,
+the box's live health that readiness reads) and wakes the loop, so the prefixes' warms start only after it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from warmer.core.model import BoxSpec, LoggedEvent, ModelProfile, PhaseName, Pha
 from warmer.core.plan_actions import RunRestartWarmup
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, StorePort
+from warmer.service.engine_work.restart_warmup import RestartOutcome, RestartWarmup
 from warmer.service.reconciler.catalogue import PrefixCatalogue
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import ReconcileObserver
-from warmer.service.restart_warmup import RestartOutcome, RestartWarmup
 
 
 class RestartRuns:

@@ -32,8 +32,8 @@ from warmer.core.capacity import (
 from warmer.core.errors import WarmerError
 from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName
 from warmer.ports import Clock, StorePort
+from warmer.service.engine_work.restart_warmup import long_prefill_target
 from warmer.service.reconciler import Snapshot
-from warmer.service.restart_warmup import long_prefill_target
 
 
 class UncachedRateSource(Protocol):

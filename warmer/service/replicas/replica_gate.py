@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from warmer.core.model import BoxSpec
 from warmer.core.shared_state import SharedFleetState
 from warmer.ports import CoordinationPort
-from warmer.service.ownership import LeaseHolder
-from warmer.service.shared_view import StoredWarmup, warmup_from_phases
+from warmer.service.replicas.ownership import LeaseHolder
+from warmer.service.replicas.shared_view import StoredWarmup, warmup_from_phases
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""What engines say about their caches on their own: KV cache events, hit-rate counters."""
