@@ -35,9 +35,13 @@ def _seconds(value: object) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.2f}s"
 
 
-def _health(box: dict[str, Any]) -> str:
+def health_cell(box: dict[str, Any]) -> str:
+    """The HEALTH column: up, up with late answers in a row, or DOWN and how (refused, http_status...)."""
     late = box.get("health_slow_polls") or 0
-    return "DOWN" if not box["healthy"] else f"up, {late} late" if late else "up"
+    if not box["healthy"]:
+        kind = box.get("health_error_kind")
+        return f"DOWN ({kind})" if kind else "DOWN"
+    return f"up, {late} late" if late else "up"
 
 
 def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]]) -> str:
@@ -67,7 +71,7 @@ def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]])
         rows.append(
             (
                 box["id"],
-                _health(box),
+                health_cell(box),
                 (box["epoch"] or "-")[-24:],
                 box["warmup"],
                 "yes" if ready["ready"] else "no",

@@ -189,19 +189,20 @@ class SglangEngine(EngineAdapter[str]):
     async def health(self, box: BoxSpec) -> bool:
         """Up on 200, and on a /health timeout while the box still answers (slow, not down). Only a box
         that does not answer at all feeds the restart watch as down: a 503 comes from a live process."""
-        status, timed_out = await self._http.health_answer(box, "/health")
-        if status == 200:
+        answer = await self._http.health_answer(box, "/health")
+        if answer.status == 200:
             self._watch.saw_health(box.id, True)
             return True
-        if timed_out and await self._answers(box):
+        if answer.timed_out and await self._answers(box):
             return True
-        if status is None:  # no answer at all (refused, or nothing answers in time): a restart may follow
+        if (
+            answer.status is None
+        ):  # no answer at all (refused, or nothing answers in time): a restart may follow
             self._watch.saw_health(box.id, False)
-        return False
+        raise answer.down(box)
 
     async def _answers(self, box: BoxSpec) -> bool:
-        status, _ = await self._http.health_answer(box, "/model_info")
-        return status == 200
+        return (await self._http.health_answer(box, "/model_info")).status == 200
 
     async def epoch(self, box: BoxSpec) -> str:
         """The process identity (see the module docstring). /server_info asks the scheduler for its state

@@ -13,7 +13,7 @@ from typing import Protocol
 
 from warmer.core.agents import AgentSpec
 from warmer.core.capacity import PrefixBudgetPolicy
-from warmer.core.errors import WarmerError
+from warmer.core.errors import HealthFailure, WarmerError
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import Desired, Observed, PlannerConfig, WarmKey, WarmupStatus
@@ -183,6 +183,7 @@ class BoxLive:
     healthy: bool = False
     epoch: str | None = None
     health_error: str | None = None
+    health_error_kind: HealthFailure | None = None  # how the last poll failed (refused, timeout, ...)
     slow_polls: int = 0  # health polls in a row answered too late while it stayed in its routes
     healthy_since: float | None = None  # unix seconds: health first seen up in this epoch
     healthy_since_mono: float | None = None
