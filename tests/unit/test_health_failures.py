@@ -8,16 +8,21 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from tests.unit.reconciler_fakes import FakeEngine, settle, world
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.cli.status import health_cell
 from warmer.core.errors import EngineDown, EngineSlow, HealthFailure
-from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts
+from warmer.core.model import BoxCapacity, BoxSpec, EngineKind, EngineTimeouts
+from warmer.core.promtext import parse_prometheus_text
+from warmer.root.metrics import Metrics
 from warmer.service.status import StatusService
 
 
@@ -100,6 +105,9 @@ class FailingHealthEngine(FakeEngine):
             raise failure(box.id)
         return await super().health(box)
 
+    async def capacity(self, box: BoxSpec) -> BoxCapacity:
+        return replace(await super().capacity(box), version="b4200-abc")
+
 
 def _refused(box_id: str) -> Exception:
     return EngineDown(box_id, HealthFailure.REFUSED, "GET /health: connection refused")
@@ -150,3 +158,49 @@ def test_warmer_status_says_how_a_box_is_down() -> None:
     box = {"id": "b1", "healthy": False, "health_error_kind": "refused", "health_slow_polls": 0}
     assert health_cell(box) == "DOWN (refused)"
     assert health_cell({**box, "health_error_kind": None}) == "DOWN"
+
+
+def _samples(metrics: Metrics, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {
+        tuple(sorted(dict(sample.labels).items())): sample.value
+        for sample in parse_prometheus_text(generate_latest(metrics.registry).decode())
+        if sample.name == name
+    }
+
+
+def test_the_health_gauge_and_failure_kind_follow_each_poll_and_the_info_names_the_box(
+    store_url: str,
+) -> None:
+    async def scenario() -> list[tuple[dict[Any, float], dict[Any, float], dict[Any, float]]]:
+        metrics = Metrics()
+        engine = FailingHealthEngine(("b1",))
+        engine.failures["b1"] = iter([_refused, _loading, None])
+        w = world(store_url, box_ids=("b1",), engine=engine, observer=metrics.reconcile)
+        seen = []
+        for _ in range(3):
+            await settle(w.reconciler, rounds=0)
+            seen.append(
+                (
+                    _samples(metrics, "warmer_box_healthy"),
+                    _samples(metrics, "warmer_box_health_failure"),
+                    _samples(metrics, "warmer_box_info"),
+                )
+            )
+        await w.reconciler.close()
+        await w.store.close()
+        return seen
+
+    (refused, loading, up) = asyncio.run(scenario())
+    assert refused[0] == {(("box", "b1"),): 0}
+    assert refused[1] == {(("box", "b1"), ("kind", "refused")): 1}
+    assert loading[1] == {(("box", "b1"), ("kind", "http_status")): 1}, "the refused series is gone"
+    assert up[0] == {(("box", "b1"),): 1}
+    assert up[1] == {}
+    (info,) = up[2]
+    assert dict(info) == {
+        "box": "b1",
+        "engine": "llamacpp",
+        "model": "m",
+        "group": "",
+        "version": "b4200-abc",
+    }

@@ -15,6 +15,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 import warmer
 from warmer.core.capacity import AgentCapacity, BoxCapacity
+from warmer.service.reconciler.types import BoxSeen
 
 # `*_created` series (one per counter/histogram child) double the series count and no dashboard or alert
 # of ours reads them. The switch is process-wide in prometheus_client, as is this module.
@@ -99,6 +100,29 @@ class ReconcileMetrics:
         )
         self._ready_labels: set[str] = set()
         self._warm_labels: set[tuple[str, str]] = set()
+        self.box_healthy = Gauge(
+            "warmer_box_healthy",
+            "1 while the box answers its health poll (and its process identity is read), else 0.",
+            ["box"],
+            registry=registry,
+        )
+        self.box_health_failure = Gauge(
+            "warmer_box_health_failure",
+            "1 for how the box's last health poll failed (kind: refused, connect_timeout, unreachable, "
+            "timeout, http_status, unhealthy, epoch); no series while it is healthy.",
+            ["box", "kind"],
+            registry=registry,
+        )
+        self.box_info = Gauge(
+            "warmer_box_info",
+            "Always 1: the box's engine, model profile, placement group and the engine's own version "
+            "(empty where the engine does not report it), to join onto any per-box series.",
+            ["box", "engine", "model", "group", "version"],
+            registry=registry,
+        )
+        self._healthy_labels: set[str] = set()
+        self._failure_labels: set[tuple[str, str]] = set()
+        self._info_labels: set[tuple[str, str, str, str, str]] = set()
         self.prefixes_warm = Gauge(
             "warmer_prefixes_warm",
             "(box, prefix) pairs verified warm in the boxes' current epochs.",
@@ -144,6 +168,23 @@ class ReconcileMetrics:
     def box_ready(self, box_id: str, time_to_ready_seconds: float, engine_seconds: float) -> None:
         self.time_to_ready.labels(box=box_id).set(time_to_ready_seconds)
         self.warmup_engine.labels(box=box_id).set(engine_seconds)
+
+    def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
+        current_health = {(b.box_id, b.failure) for b in boxes if b.failure is not None}
+        current_info = {(b.box_id, b.engine, b.model, b.group, b.version) for b in boxes}
+        for failed in self._failure_labels - current_health:  # a box up again, or failing another way
+            self.box_health_failure.remove(*failed)
+        for info in self._info_labels - current_info:  # left the fleet, or a new engine version
+            self.box_info.remove(*info)
+        for box_id in self._healthy_labels - {b.box_id for b in boxes}:
+            self.box_healthy.remove(box_id)
+        for box in boxes:
+            self.box_healthy.labels(box=box.box_id).set(1 if box.healthy else 0)
+            self.box_info.labels(box.box_id, box.engine, box.model, box.group, box.version).set(1)
+        for box_id, failure in current_health:
+            self.box_health_failure.labels(box=box_id, kind=failure).set(1)
+        self._failure_labels, self._info_labels = current_health, current_info
+        self._healthy_labels = {b.box_id for b in boxes}
 
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         self.boxes_ready.set(boxes_ready)

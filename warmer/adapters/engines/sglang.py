@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import httpx
 
@@ -151,6 +152,7 @@ class SglangEngine(EngineAdapter[str]):
         self._layouts: dict[str, CacheLayout] = {}  # box id -> layout of the last /server_info read
         self._epochs: dict[str, str] = {}  # box id -> the last epoch read
         self._pools: dict[str, int | None] = {}  # box id -> `max_total_num_tokens` of the last /server_info
+        self._versions: dict[str, str] = {}  # box id -> `version` of the last /server_info
 
     async def _server_info(self, box: BoxSpec) -> JsonObject:
         """/server_info, or the deprecated /get_server_info on servers that predate it."""
@@ -162,6 +164,8 @@ class SglangEngine(EngineAdapter[str]):
             info = await self._http.get_json(box, "/get_server_info", time_limit=self._http.timeouts.health)
         self._layouts[box.id] = layout_from_server_info(info)
         self._pools[box.id] = _positive_int(info.get("max_total_num_tokens"))
+        version = info.get("version")
+        self._versions[box.id] = version if isinstance(version, str) else ""
         return info
 
     async def capacity(self, box: BoxSpec) -> BoxCapacity:
@@ -169,14 +173,13 @@ class SglangEngine(EngineAdapter[str]):
         the share running requests hold now (`sglang:token_usage`, read fresh). See the module docstring."""
         if box.id not in self._pools:
             await self._server_info(box)
-        pool = self._pools[box.id]
+        pool, version = self._pools[box.id], self._versions.get(box.id, "")
         if pool is None:
-            return BoxCapacity(source="sglang /server_info without max_total_num_tokens")
+            return BoxCapacity(source="sglang /server_info without max_total_num_tokens", version=version)
         samples = await self._metrics_if_exposed(box)  # None when --enable-metrics is off
         used = None if samples is None else busiest_share(samples, "sglang:token_usage")
-        return pool_capacity(
-            pool, used, "sglang /server_info max_total_num_tokens, /metrics sglang:token_usage"
-        )
+        source = "sglang /server_info max_total_num_tokens, /metrics sglang:token_usage"
+        return replace(pool_capacity(pool, used, source), version=version)
 
     async def cache_layout(self, box: BoxSpec) -> CacheLayout:
         """From the /server_info the epoch poll last read (it changes only with the process), else fresh."""

@@ -35,6 +35,7 @@ from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.reconciler.parts import Hooks, build_parts
 from warmer.service.reconciler.types import (
     BoxLive,
+    BoxSeen,
     EnsureResult,
     NullObserver,
     PendingPrompt,
@@ -80,6 +81,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._fleet_lock = asyncio.Lock()
+        self._observer = observer = observer or NullObserver()
 
         parts = build_parts(
             engine=engine,
@@ -92,7 +94,7 @@ class Reconciler:
             prefix_source=prefix_source,
             executor=executor,
             restart=restart,
-            observer=observer or NullObserver(),
+            observer=observer,
             demand=demand,
             lock=self._fleet_lock,
             log=log,
@@ -197,7 +199,27 @@ class Reconciler:
         self._runner.buckets = dict(result.buckets)
         await self._runner.dispatch([a for a in result.actions if self._replicas.owns(a.box_id)])
         await self._ready.note(self._health.live, desired, self._observed(for_routes=True))
+        self._observer.boxes_seen(self._boxes_seen())
         self._notify_changed()
+
+    def _boxes_seen(self) -> list[BoxSeen]:
+        seen: list[BoxSeen] = []
+        for box_id, box in self._boxes.items():
+            live = self._health.live.get(box_id)
+            capacity = self._health.capacity.get(box_id)
+            failure = None if live is None or live.healthy else (live.health_error_kind or "unhealthy")
+            seen.append(
+                BoxSeen(
+                    box_id=box_id,
+                    engine=box.engine.value,
+                    model=box.model,
+                    group=box.group,
+                    version=capacity.version if capacity is not None else "",
+                    healthy=live is not None and live.healthy,
+                    failure=None if failure is None else str(failure),
+                )
+            )
+        return seen
 
     def _observed(self, *, for_routes: bool) -> Observed:
         """What is: the boxes as last polled, the warm records (for routes: only trusted ones), the work

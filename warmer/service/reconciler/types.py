@@ -7,7 +7,7 @@ them without the loop; `warmer.service.reconciler` re-exports them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +43,19 @@ class PrefixSource(Protocol):
     async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix: ...
 
 
+@dataclass(frozen=True, slots=True)
+class BoxSeen:
+    """One fleet box as the last health poll saw it, for the per-box health and info metrics."""
+
+    box_id: str
+    engine: str
+    model: str
+    group: str
+    version: str  # the engine's own version where its capacity reading reports it, else ""
+    healthy: bool
+    failure: str | None  # how the last poll failed (a HealthFailure value); None while healthy
+
+
 class ReconcileObserver(Protocol):
     """Where the reconciler reports what metrics count (the root implements it with Prometheus)."""
 
@@ -71,6 +84,11 @@ class ReconcileObserver(Protocol):
         under the previous engine version."""
         ...
 
+    def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
+        """Every fleet box's health and identity after each poll: the full set, so a box that left the
+        fleet disappears from the report."""
+        ...
+
 
 class NullObserver:
     """Reports nowhere (unit tests, one-off tools)."""
@@ -94,6 +112,9 @@ class NullObserver:
         return None
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
+        return None
+
+    def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
         return None
 
 
