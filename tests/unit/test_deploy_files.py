@@ -565,7 +565,7 @@ def test_service_monitor_scrapes_the_metrics_endpoint(monitored: list[dict[str, 
         assert _DURATION.match(endpoint["interval"])
 
 
-def test_alerts_cover_readiness_hit_rate_and_root_tasks_on_exported_metrics(
+def test_alerts_cover_readiness_health_root_tasks_absence_sync_discovery_and_scrapes(
     monitored: list[dict[str, Any]],
 ) -> None:
     rules = [rule for group in _one("PrometheusRule", monitored)["spec"]["groups"] for rule in group["rules"]]
@@ -582,8 +582,13 @@ def test_alerts_cover_readiness_hit_rate_and_root_tasks_on_exported_metrics(
         read |= names
     assert {
         "warmer_box_ready",
+        "warmer_box_health_failure",
         "warmer_box_hit_rate_below_threshold",
         "warmer_root_task_failures_total",
+        "warmer_up",
+        "warmer_gateway_sync_passes_total",
+        "warmer_discovery_listings_total",
+        "warmer_cache_scrapes_total",
     } <= read
 
 

@@ -23,6 +23,7 @@ from warmer.config.settings import Settings
 from warmer.core.errors import ConfigError, DiscoveryUnavailable
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.root.app import build
+from warmer.root.metrics import Metrics
 from warmer.service.discovery import FleetDiscovery
 
 TEMPLATE = PodTemplate(engine=EngineKind.SGLANG, model="dense-sglang", port=30000, slots=48, group="gpu")
@@ -248,6 +249,32 @@ def test_a_restarted_daemon_finds_its_discovered_boxes_again() -> None:
 
     assert asyncio.run(daemon_lifetime()) == {"sglang-0"}
     assert asyncio.run(daemon_lifetime()) == {"sglang-0"}
+
+
+def test_each_listing_is_counted_by_outcome_with_the_boxes_it_keeps() -> None:
+    """The discovery metric the WarmerDiscoveryFailing alert reads: ok/failed listings, and the count."""
+    fleet, source = FakeFleet(), FakeSource()
+    metrics = Metrics()
+    discovery = FleetDiscovery(
+        source=source, fleet=fleet, clock=Clock(), interval_seconds=5, observer=metrics.discovery
+    )
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("warmer_discovery_listings_total", outcome="failed") == 0, "exists before any listing"
+
+    async def scenario() -> None:
+        source.boxes = [box("sglang-0", "10.1.0.7"), box("sglang-1", "10.1.0.8")]
+        await discovery.sync_once()
+        source.error = DiscoveryUnavailable("Kubernetes API answered 403: pods is forbidden")
+        await discovery.sync_once()
+        await discovery.sync_once()
+
+    asyncio.run(scenario())
+    assert value("warmer_discovery_listings_total", outcome="ok") == 1
+    assert value("warmer_discovery_listings_total", outcome="failed") == 2
+    assert value("warmer_discovery_boxes") == 2, "an outage keeps the last count, as it keeps the boxes"
 
 
 def test_the_loop_lists_until_stopped() -> None:

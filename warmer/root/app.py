@@ -106,7 +106,14 @@ class Daemon:
         return bool(self.boxes) or self.settings.fleet.discovery is not None
 
     def wire(self, store: ManagedStore) -> None:
-        """Build the reconciler and every service over the open `store`, and register the root tasks."""
+        """Build the reconciler and every service over the open `store`, and register the root tasks,
+        each with its failure series at 0 from the start: a task that fails once and stops the daemon
+        before the next scrape still shows as an increase (a series born at 1 never does)."""
+        self._wire(store)
+        for name in self.supervisor.task_names:
+            self.metrics.root_task_failures.labels(task=name)
+
+    def _wire(self, store: ManagedStore) -> None:
         settings, clock = self.settings, SystemClock()
         self._store = store
         engines = build_engine_dispatcher(settings, self.http, boxes=self.boxes, profiles=self.profiles)
@@ -195,7 +202,12 @@ class Daemon:
             self.supervisor.add("gateway-sync", self._gateway_sync(settings.fleet.gateway, reconciler).run)
         if settings.fleet.discovery is not None:
             discovery = functools.partial(
-                run_discovery, settings.fleet.discovery, self.profiles, reconciler, engines.register
+                run_discovery,
+                settings.fleet.discovery,
+                self.profiles,
+                reconciler,
+                engines.register,
+                self.metrics.discovery,
             )
             self.supervisor.add("discovery", discovery)
 

@@ -14,7 +14,7 @@ from warmer.config.fleet_settings import KubernetesDiscoverySettings
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.root.engines import SystemClock
 from warmer.root.http import http_client
-from warmer.service.discovery import FleetDiscovery, FleetEditor
+from warmer.service.discovery import DiscoveryObserver, FleetDiscovery, FleetEditor
 
 
 def _token_reader(path: Path) -> Callable[[], str | None]:
@@ -54,6 +54,7 @@ async def run_discovery(
     profiles: Mapping[str, ModelProfile],
     fleet: FleetEditor,
     on_fleet_change: Callable[[Sequence[BoxSpec]], None],
+    observer: DiscoveryObserver,
     stopping: asyncio.Event,
 ) -> None:
     """The `discovery` root task."""
@@ -65,4 +66,5 @@ async def run_discovery(
             clock=SystemClock(),
             interval_seconds=discovery.interval_seconds,
             on_fleet_change=on_fleet_change,
+            observer=observer,
         ).run(stopping)

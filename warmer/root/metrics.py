@@ -15,6 +15,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 import warmer
 from warmer.core.capacity import AgentCapacity, BoxCapacity
+from warmer.service.gateway_sync import SyncOutcome
 from warmer.service.reconciler.types import BoxSeen
 
 # `*_created` series (one per counter/histogram child) double the series count and no dashboard or alert
@@ -46,6 +47,7 @@ class Metrics:
             registry=self.registry,
         )
         self.reconcile = ReconcileMetrics(self.registry)
+        self.discovery = DiscoveryMetrics(self.registry)
         self.gateway = GatewaySyncMetrics(self.registry)
         self.hitrate = HitRateMetrics(self.registry)
         self.capacity = CapacityMetrics(self.registry)
@@ -207,6 +209,30 @@ class ReconcileMetrics:
         self.tokenizer_drifts.labels(model=model).inc()
 
 
+class DiscoveryMetrics:
+    """Fleet discovery's `DiscoveryObserver`: listings by outcome and the boxes they found."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.listings = Counter(
+            "warmer_discovery_listings",
+            "Listings of the discovery source (the Kubernetes API), by outcome (ok, failed).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("ok", "failed"):  # at 0 from the start, for the alert's increase
+            self.listings.labels(outcome=outcome)
+        self.boxes = Gauge(
+            "warmer_discovery_boxes",
+            "Boxes the last successful listing found and the daemon keeps in its fleet.",
+            registry=registry,
+        )
+
+    def listed(self, ok: bool, boxes: int | None) -> None:
+        self.listings.labels(outcome="ok" if ok else "failed").inc()
+        if boxes is not None:
+            self.boxes.set(boxes)
+
+
 class GatewaySyncMetrics:
     """Gateway sync's `GatewaySyncObserver`: passes, worker adds/removes and what the router listed."""
 
@@ -235,6 +261,9 @@ class GatewaySyncMetrics:
             ["owner"],
             registry=registry,
         )
+        # Every outcome exists at 0 from the start: an alert on the first failure's increase can fire.
+        for outcome in SyncOutcome:
+            self.passes.labels(outcome=outcome.value)
 
     def sync_finished(self, outcome: str, seconds: float) -> None:
         self.passes.labels(outcome=outcome).inc()
@@ -279,6 +308,8 @@ class HitRateMetrics:
             ["outcome"],
             registry=registry,
         )
+        for outcome in ("ok", "failed", "unsupported"):  # at 0 from the start, for the alert's increase
+            self.scrapes.labels(outcome=outcome)
 
     def hit_ratio(self, box_id: str, ratio: float) -> None:
         self.ratio.labels(box=box_id).set(ratio)

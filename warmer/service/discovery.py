@@ -29,6 +29,14 @@ class BoxSource(Protocol):
     async def list_boxes(self) -> Sequence[BoxSpec]: ...
 
 
+class DiscoveryObserver(Protocol):
+    """Where listings are counted (the root implements it with Prometheus)."""
+
+    def listed(self, ok: bool, boxes: int | None) -> None:
+        """One listing: whether the source answered, and how many discovered boxes the fleet now has."""
+        ...
+
+
 class FleetEditor(Protocol):
     """The running fleet (the reconciler)."""
 
@@ -56,6 +64,7 @@ class FleetDiscovery:
         clock: Clock,
         interval_seconds: float,
         on_fleet_change: Callable[[Sequence[BoxSpec]], None] | None = None,
+        observer: DiscoveryObserver | None = None,
     ) -> None:
         if interval_seconds <= 0:
             raise ValueError("interval_seconds must be > 0")
@@ -64,6 +73,7 @@ class FleetDiscovery:
         self._clock = clock
         self._interval = interval_seconds
         self._on_fleet_change = on_fleet_change
+        self._observer = observer
         self._owned: dict[str, BoxSpec] = {}
         self._failing = False
         self._log = structlog.stdlib.get_logger(__name__)
@@ -80,6 +90,8 @@ class FleetDiscovery:
             if not self._failing:
                 self._log.warning("discovery failed: fleet kept as it is", error=str(exc))
             self._failing = True
+            if self._observer is not None:
+                self._observer.listed(False, None)
             return DiscoveryReport(error=str(exc))
         if self._failing:
             self._log.info("discovery answers again")
@@ -107,6 +119,8 @@ class FleetDiscovery:
             self._log.info("discovered box added", box=box_id, url=box.base_url)
         if (added or removed) and self._on_fleet_change is not None:
             self._on_fleet_change(list(editor.fleet().values()))
+        if self._observer is not None:
+            self._observer.listed(True, len(self._owned))
         return DiscoveryReport(tuple(added), tuple(removed), tuple(skipped))
 
     async def _remove(self, editor: FleetEditor, box_id: str) -> None:
