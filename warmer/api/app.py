@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm
 from warmer.api.observe import RequestMetricsMiddleware
-from warmer.api.services import ApiServices, Readiness
+from warmer.api.services import ApiServices, Liveness, Readiness
 from warmer.api.storeerrors import store_unavailable
 from warmer.core.errors import StoreError
 
@@ -73,4 +73,4 @@ def create_app(services: ApiServices) -> FastAPI:
     return app
 
 
-__all__ = ["ApiServices", "Readiness", "WarmerApi", "create_app"]
+__all__ = ["ApiServices", "Liveness", "Readiness", "WarmerApi", "create_app"]

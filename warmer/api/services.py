@@ -32,6 +32,18 @@ class Readiness:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """Whether the daemon's loops make progress; `reason` says what is stuck (shown in /healthz)."""
+
+    alive: bool
+    reason: str = ""
+
+
+def always_alive() -> Liveness:
+    return Liveness(True)
+
+
 class CapacityQueries(Protocol):
     """What `GET /v1/capacity` asks (`warmer.service.capacity.CapacityService` answers)."""
 
@@ -54,3 +66,4 @@ class ApiServices:
     webhook_max_body_bytes: int = DEFAULT_WEBHOOK_MAX_BODY_BYTES  # deploy webhook bodies; bigger is 413
     capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)
     requests: RequestObserver | None = None  # every request by route template (warmer_http_requests)
+    liveness: Callable[[], Liveness] = always_alive  # must not raise; answers /healthz

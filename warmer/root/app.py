@@ -19,7 +19,7 @@ from fastapi import FastAPI
 
 import warmer
 from warmer.adapters.store.filelock import SqliteFileLock
-from warmer.api import ApiServices, Readiness, create_app
+from warmer.api import ApiServices, Liveness, Readiness, create_app
 from warmer.config.fleet_settings import GatewaySettings
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec
@@ -176,6 +176,7 @@ class Daemon:
                 webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
                 capacity=capacity if self.boxes else None,
                 requests=self.metrics.http,
+                liveness=functools.partial(self.liveness, reconciler),
             )
         )
 
@@ -260,6 +261,12 @@ class Daemon:
     def started(self) -> bool:
         """The database is prepared and open, and the API accepts connections."""
         return self._store is not None and self._server is not None and self._server.started
+
+    def liveness(self, reconciler: Reconciler) -> Liveness:
+        """Alive unless the reconcile loop runs (there is a fleet) and has not finished a pass for
+        reconcile.stall_seconds."""
+        stalled = reconciler.stalled(self.settings.reconcile.stall_seconds) if self.has_fleet else None
+        return Liveness(stalled is None, stalled or "")
 
     async def readiness(self) -> Readiness:
         """Ready = started and the database answers a trivial query in time."""

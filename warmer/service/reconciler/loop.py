@@ -72,6 +72,7 @@ class Reconciler:
     ) -> None:
         self._store = store
         self._clock = clock
+        self._last_pass = clock.monotonic()  # a pass's end, or the reconciler's birth before the first
         self._config = config = config or ReconcilerConfig()
         self._boxes = {box.id: box for box in boxes}
         self._profiles = dict(profiles)
@@ -166,7 +167,18 @@ class Reconciler:
     async def tick(self) -> None:
         """One level-triggered pass: observe, desired, diff, act (engine work continues as tasks)."""
         async with self._fleet_lock:
-            await self._tick()
+            try:
+                await self._tick()
+            finally:  # a pass that ended on a store error still shows the loop alive
+                self._last_pass = self._clock.monotonic()
+
+    def stalled(self, bound_seconds: float) -> str | None:
+        """Why the loop counts as wedged — no pass ended for more than `bound_seconds` (counted from
+        start-up before the first) — or None. /healthz fails on it, so a liveness probe restarts it."""
+        idle = self._clock.monotonic() - self._last_pass
+        if idle <= bound_seconds:
+            return None
+        return f"no reconcile pass finished for {idle:.0f}s (reconcile.stall_seconds = {bound_seconds:g})"
 
     async def _tick(self) -> None:
         await self.start()
