@@ -20,6 +20,7 @@ from testbed.fleet import LlamaBox, LlamaFleet
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.cli import main
+from warmer.cli.exits import Exit
 from warmer.core.model import BoxSpec, CacheStats, EngineKind, EngineTimeouts, ModelProfile, Prefix
 from warmer.root.engines import SystemClock
 from warmer.service.warming import WarmExecutor, WarmOutcome
@@ -204,5 +205,5 @@ slots = 1
     unknown = runner.invoke(
         main, ["--config", str(config), "warm", "--box", "nope", "--agent", "outbound-sales"]
     )
-    assert unknown.exit_code == 2
+    assert unknown.exit_code == Exit.CONFIG
     assert "unknown box 'nope'" in unknown.output

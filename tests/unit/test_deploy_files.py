@@ -31,6 +31,7 @@ import warmer
 from tests.kustomize import BASE, COMPONENTS, KUBERNETES, KustomizeError, compose, render
 from tests.metric_names import exported_sample_names, warmer_metrics_in
 from warmer.cli import main
+from warmer.cli.exits import Exit
 from warmer.cli.init import starter_files
 from warmer.config.loader import LoadedConfig, load_config
 from warmer.config.settings import Settings
@@ -726,6 +727,7 @@ def test_unit_runs_warmer_serve_with_the_config_option() -> None:
 def test_unit_restarts_on_failure_and_reads_the_shipped_env_file() -> None:
     service = _unit(SYSTEMD / "warmer.service")["Service"]
     assert _last(service, "Restart") == "on-failure"
+    assert int(_last(service, "RestartPreventExitStatus")) == Exit.CONFIG, "a bad config is not retried"
     env_file = PurePosixPath(_last(service, "EnvironmentFile").lstrip("-"))
     assert (SYSTEMD / env_file.name).is_file(), f"{env_file.name} is shipped next to the unit"
 

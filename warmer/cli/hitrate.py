@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import httpx
 
+from warmer.cli.exits import Exit, fail
 from warmer.core.hitrate import (
     DEFAULT_HIT_RATE_THRESHOLD,
     DEFAULT_MIN_PREFILL_TOKENS,
@@ -90,7 +91,7 @@ def _scrape(client: httpx.Client, url: str, engine: EngineKind | None) -> tuple[
     try:
         response = client.get(url)
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"{url}: {type(exc).__name__}: {exc}") from exc
+        fail(Exit.UNAVAILABLE, f"Error: {url}: {type(exc).__name__}: {exc}")
     if response.status_code != 200:
         raise click.ClickException(f"{url}: HTTP {response.status_code} (llama-server needs --metrics)")
     try:
@@ -138,7 +139,7 @@ def _scrape(client: httpx.Client, url: str, engine: EngineKind | None) -> tuple[
     show_default=True,
     help="Hit rate below which the result is flagged.",
 )
-@click.option("--fail-below", is_flag=True, help="Exit with status 3 when the hit rate is below --threshold.")
+@click.option("--fail-below", is_flag=True, help="Exit with status 1 when the hit rate is below --threshold.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def hitrate(
     log_path: Path | None,
@@ -197,4 +198,4 @@ def hitrate(
             if check.alert:
                 click.echo(f"  below the {threshold:.0%} threshold")
     if fail_below and below:
-        raise SystemExit(3)
+        raise SystemExit(Exit.FAILED)
