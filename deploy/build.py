@@ -110,8 +110,8 @@ def dashboard() -> dict[str, Any]:
         .with_variable(_label_variable("namespace", "Namespace", "label_values(warmer_up, namespace)"))
         .with_variable(_label_variable("job", "Job", 'label_values(warmer_up{namespace=~"$namespace"}, job)'))
         .with_row(Row("Fleet"))
-        .with_panel(_stat("Boxes ready", "Boxes traffic may use now.", "sum(warmer_boxes_ready)"))
-        .with_panel(_stat("Prefixes warm", "(box, prefix) pairs verified warm.", "sum(warmer_prefixes_warm)"))
+        .with_panel(_stat("Boxes ready", "Boxes traffic may use now.", "max(warmer_boxes_ready)"))
+        .with_panel(_stat("Prefixes warm", "(box, prefix) pairs verified warm.", "max(warmer_prefixes_warm)"))
         .with_panel(
             _stat("Daemon ready", "1 when every replica is ready (database reachable).", "min(warmer_ready)")
         )
@@ -134,10 +134,19 @@ def dashboard() -> dict[str, Any]:
         )
         .with_panel(
             _series(
+                "Health failures per box",
+                "1 while the box's health poll fails, by how: refused (process down), connect_timeout "
+                "(host or network policy), http_status (e.g. 503 while loading), timeout (busy), epoch.",
+                "short",
+                _query("max by (box, kind) (warmer_box_health_failure)", "{{box}} {{kind}}"),
+            )
+        )
+        .with_panel(
+            _series(
                 "Prefixes warming per box",
                 "Agent prefixes a box should hold that are not warm yet in its current epoch.",
                 "short",
-                _query("sum by (box) (1 - warmer_box_agent_warm)", "{{box}}"),
+                _query("sum by (box) (1 - max by (box, agent) (warmer_box_agent_warm))", "{{box}}"),
             )
         )
         .with_panel(
@@ -176,10 +185,12 @@ def dashboard() -> dict[str, Any]:
                 "short",
                 _query(f"sum(rate(warmer_warm_prompt_tokens_total[{RATE}]))", "warmer warms"),
                 _query(
-                    f'sum(rate(warmer_engine_prompt_tokens_total{{cached="false"}}[{RATE}]))', "prefilled"
+                    f'sum(max by (box) (rate(warmer_engine_prompt_tokens_total{{cached="false"}}[{RATE}])))',
+                    "prefilled",
                 ),
                 _query(
-                    f'sum(rate(warmer_engine_prompt_tokens_total{{cached="true"}}[{RATE}]))', "from cache"
+                    f'sum(max by (box) (rate(warmer_engine_prompt_tokens_total{{cached="true"}}[{RATE}])))',
+                    "from cache",
                 ),
             )
         )

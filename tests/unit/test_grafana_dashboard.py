@@ -7,9 +7,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+import yaml
 
 from tests.metric_names import exported_sample_names, warmer_metrics_in
 
@@ -64,6 +68,7 @@ def test_it_shows_boxes_agents_traffic_and_the_api() -> None:
     }
     wanted = {
         "Ready per box": {"warmer_box_ready"},
+        "Health failures per box": {"warmer_box_health_failure"},
         "Prefixes warming per box": {"warmer_box_agent_warm"},
         "Cache hit rate per box": {"warmer_box_cache_hit_ratio"},
         "Time to ready per box": {"warmer_time_to_ready_seconds"},
@@ -102,3 +107,90 @@ def test_scoping_keeps_the_matchers_a_query_already_has() -> None:
     scoped = _builder().scoped('sum(rate(warmer_engine_prompt_tokens_total{cached="true"}[5m]))')
     matchers = 'cached="true", namespace=~"$namespace", job=~"$job"'
     assert scoped == f"sum(rate(warmer_engine_prompt_tokens_total{{{matchers}}}[5m]))"
+
+
+# Labels every generated input series carries, so any `by (...)` or matcher of a panel finds a value.
+_INPUT_LABELS = {
+    "job": "warmer",
+    "box": "b1",
+    "agent": "sales",
+    "kind": "warm",
+    "outcome": "verified",
+    "route": "/v1/prewarm",
+    "method": "POST",
+    "status": "2xx",
+    "task": "api",
+}
+
+
+# What each replica does itself (its own API requests, the warms it sends as a box's lease holder, its own
+# task failures): two replicas' series are two shares of the work, and a panel rightly adds them up. Every
+# other series is the fleet as each replica sees it (the same boxes, the same engine counters), which two
+# replicas report twice and a panel must not add up.
+_OWN_WORK = {
+    "warmer_http_requests_total",
+    "warmer_http_request_seconds_bucket",
+    "warmer_warm_requests_total",
+    "warmer_warm_verify_seconds_bucket",
+    "warmer_warm_prompt_tokens_total",
+    "warmer_root_task_failures_total",
+}
+
+
+def _input_series(namespace: str, instances: list[str], names: set[str]) -> list[dict[str, str]]:
+    """One series per (metric, instance, cached, le): counters grow, gauges sit at 0.5, so a sum over two
+    replicas differs from one replica's value wherever a panel adds replicas up."""
+    series = []
+    for name in sorted(names):
+        for instance in instances[:1] if name in _OWN_WORK else instances:  # the other replica idles
+            for cached in ("true", "false"):
+                buckets = [("0.1", 2), ("1", 4), ("+Inf", 6)] if name.endswith("_bucket") else [("", 0)]
+                for le, step in buckets:
+                    labels = {**_INPUT_LABELS, "namespace": namespace, "instance": instance, "cached": cached}
+                    if le:
+                        labels["le"] = le
+                    selector = ", ".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
+                    counter = name.endswith(("_total", "_bucket", "_count", "_sum"))
+                    values = f"0+{step or 6}x30" if counter else "0.5x30"
+                    series.append({"series": f"{name}{{{selector}}}", "values": values})
+    return series
+
+
+def test_two_replicas_show_the_same_panels_as_one(tmp_path: Path) -> None:
+    """Every panel's query over two replicas reporting the same fleet equals its value over one: per-box
+    and fleet series are read with max by (box), not summed (two replicas on PostgreSQL report every box).
+    Evaluated by the real Prometheus engine (promtool test rules, promql_expr_test)."""
+    exprs = [target["expr"] for panel in _panels() for target in panel["targets"]]
+    names = set().union(*(warmer_metrics_in(expr) for expr in exprs))
+    tests = []
+    for expr in exprs:
+
+        def scoped(namespace: str, query: str = expr) -> str:
+            query = query.replace("$namespace", namespace).replace("$job", "warmer")
+            return query.replace("$__rate_interval", "5m")
+
+        one, two = scoped("one"), scoped("two")
+        tests.append({"expr": f"absent({one})", "eval_time": "20m", "exp_samples": []})  # not vacuous
+        tests.append({"expr": f"({two}) != ({one})", "eval_time": "20m", "exp_samples": []})
+    rule_test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    *_input_series("one", ["a"], names),
+                    *_input_series("two", ["a", "b"], names),
+                ],
+                "promql_expr_test": tests,
+            }
+        ],
+    }
+    path = tmp_path / "dashboard.test.yml"
+    path.write_text(yaml.safe_dump(rule_test, sort_keys=False))
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is missing: run scripts/ensure-services (make check-services)"
+    result = subprocess.run(
+        [promtool, "test", "rules", path.name], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
