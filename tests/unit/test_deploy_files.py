@@ -611,7 +611,8 @@ def _final_stage() -> list[tuple[str, str]]:
         instruction, _, arguments = line.partition(" ")
         if instruction.upper() == "FROM":
             stages.append([])
-        stages[-1].append((instruction.upper(), arguments.strip()))
+        if stages:  # a global ARG before the first FROM (the base) belongs to no stage
+            stages[-1].append((instruction.upper(), arguments.strip()))
     return stages[-1]
 
 
@@ -632,18 +633,70 @@ def test_image_runs_as_the_pods_non_root_user_on_the_api_port() -> None:
     assert int(_instruction(stage, "EXPOSE")) == _named_port(container, "http")
     assert yaml.safe_load(_instruction(stage, "ENTRYPOINT")) == ["warmer"]
     assert yaml.safe_load(_instruction(stage, "CMD")) == container["args"]
-    assert _instruction(stage, "FROM").endswith("-slim-bookworm")
 
 
-def test_the_final_stage_installs_only_the_wheel() -> None:
+# Fully qualified: podman and buildah need no short-name alias to resolve it.
+_DIGEST = re.compile(
+    r"^ARG BASE=(docker\.io/library/python:3\.11[.\d]*-slim-bookworm)@sha256:[0-9a-f]{64}$", re.MULTILINE
+)
+
+
+def test_every_stage_starts_from_the_one_base_pinned_by_digest() -> None:
+    """A rebuild gets the same base bytes whatever its tag points to later."""
+    text = CONTAINERFILE.read_text()
+    (base,) = _DIGEST.findall(text)
+    froms = [line.split()[1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert froms == ["${BASE}", "${BASE}"]
+    labels = _labels()
+    assert labels["org.opencontainers.image.base.name"] == base
+
+
+def _labels() -> dict[str, str]:
+    """The final stage's OCI labels, with the ARG defaults substituted."""
+    stage = _final_stage()
+    defaults = dict(arguments.partition("=")[::2] for instruction, arguments in stage if instruction == "ARG")
+    labels: dict[str, str] = {}
+    for part in shlex.split(_instruction(stage, "LABEL")):
+        key, _, value = part.partition("=")
+        labels[key] = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], value)
+    return labels
+
+
+def test_the_image_carries_oci_labels_matching_the_project() -> None:
+    labels = _labels()
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert labels["org.opencontainers.image.title"] == project["name"]
+    assert labels["org.opencontainers.image.description"] == project["description"]
+    assert labels["org.opencontainers.image.version"] == VERSION, "the default build arg is the version"
+    assert labels["org.opencontainers.image.licenses"] == project["license"]
+    for name in ("VERSION", "REVISION", "CREATED"):
+        assert f"--build-arg {name}=" in (REPO / "Makefile").read_text(), f"make image sets {name}"
+
+
+def _pins(text: str) -> dict[str, str]:
+    pins = {}
+    for line in text.splitlines():
+        match = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s\\;]+)", line)
+        if match:
+            pins[match.group(1).lower().replace("_", "-")] = match.group(2)
+    return pins
+
+
+def test_the_final_stage_installs_the_wheel_over_hash_locked_dependencies() -> None:
     stage = _final_stage()
     copies = [arguments for instruction, arguments in stage if instruction == "COPY"]
-    assert copies == ["--from=wheel /dist/ /tmp/dist/", "constraints.txt /tmp/constraints.txt"]
+    assert copies == ["--from=wheel /dist/ /tmp/dist/", "requirements.lock /tmp/requirements.lock"]
     install = _instruction(stage, "RUN")
-    assert (
-        "pip install --no-cache-dir --disable-pip-version-check "
-        "-c /tmp/constraints.txt /tmp/dist/warmer-*.whl" in install
-    )
+    pip = "pip install --no-cache-dir --disable-pip-version-check"
+    assert f"{pip} --require-hashes -r /tmp/requirements.lock" in install
+    assert f"{pip} --no-deps /tmp/dist/warmer-*.whl" in install
+    lock = (REPO / "requirements.lock").read_text()
+    assert "file://" not in lock, "no machine-local index in the lock"
+    assert "--find-links" not in lock
+    for block in re.split(r"\n(?=[A-Za-z])", lock.split("\n", 6)[-1]):
+        if "==" in block:
+            assert "--hash=sha256:" in block, block.splitlines()[0]
+    assert _pins(lock) == _pins((REPO / "constraints.txt").read_text()), "make constraints writes both"
 
 
 def test_the_build_stage_copies_what_the_wheel_needs() -> None:
@@ -653,6 +706,24 @@ def test_the_build_stage_copies_what_the_wheel_needs() -> None:
     assert copied == {"pyproject.toml", "setup.py", "README.md", "warmer", "models", "migrations"}
     assert all((REPO / name).exists() for name in copied)
     assert warmer.__version__ == VERSION
+
+
+def test_the_build_context_holds_only_what_the_containerfile_copies() -> None:
+    """.dockerignore excludes everything, then lets in exactly the COPY sources of the build context."""
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "deny by default: a new file stays out of the context"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    sources = {
+        part.rstrip("/")
+        for line in CONTAINERFILE.read_text().splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+        for part in line.split()[1:-1]
+    }
+    assert allowed == sources
 
 
 # --------------------------------------------------------------------------------------------- systemd
