@@ -4,7 +4,6 @@ reads it; a wrong command line is click's 2; "the answer is no" is 1; something 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,7 @@ from click.testing import CliRunner
 from warmer.cli import main
 from warmer.cli.exits import Exit
 
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("WARMER_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_warmer_env")
 
 
 @pytest.fixture
