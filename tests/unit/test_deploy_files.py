@@ -453,6 +453,8 @@ def test_network_policy_lets_every_engine_port_through(engine_port: int, tmp_pat
     policies = [doc for doc in manifests if doc["kind"] == "NetworkPolicy"]
     assert _egress_allows(policies, "inference", engine_port)
     assert not _egress_allows(policies, "inference", 22), "the egress is not open"
+    otlp = Settings(tracing={"enabled": True}).tracing.otlp_endpoint
+    assert _egress_allows(policies, "monitoring", _port(otlp)), "traces reach a collector when switched on"
 
 
 @pytest.mark.parametrize("variant", _with("discovery"), ids=_name)

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
@@ -67,3 +68,4 @@ class ApiServices:
     capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)
     requests: RequestObserver | None = None  # every request by route template (warmer_http_requests)
     liveness: Callable[[], Liveness] = always_alive  # must not raise; answers /healthz
+    tracer_provider: TracerProvider | None = None  # traces every request when set (`[tracing]`)

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 
 import warmer
 from warmer.adapters.store.filelock import SqliteFileLock
@@ -46,6 +48,7 @@ from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_ti
 from warmer.root.replicas import ReplicaWiring
 from warmer.root.server import api_server
 from warmer.root.supervisor import Supervisor
+from warmer.root.tracing import trace_client, tracer_provider
 from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.gateway_sync import GatewaySync
 from warmer.service.hitrate_monitor import HitRateMonitor
@@ -78,8 +81,10 @@ class Daemon:
         store_factory: StoreFactory,
         prepare: DatabasePreparer,
         lock: DatabaseLocker = lock_sqlite_file,
+        tracing: TracerProvider | None = None,
     ) -> None:
         self.settings = settings
+        self.tracing = tracing  # flushed and shut down in close()
         self.profiles = profiles
         self.agents = agents
         self.boxes = tuple(boxes)
@@ -177,6 +182,7 @@ class Daemon:
                 capacity=capacity if self.boxes else None,
                 requests=self.metrics.http,
                 liveness=functools.partial(self.liveness, reconciler),
+                tracer_provider=self.tracing,
             )
         )
 
@@ -323,6 +329,8 @@ class Daemon:
             await store.close()
         self._release_database()
         await self.http.aclose()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # exports what is still queued
 
     async def run(self, *, handle_signals: bool = True) -> int:
         """Prepare the database, open the store, build everything, serve until stopped. Returns the process
@@ -383,10 +391,14 @@ def build(
     prepare: DatabasePreparer = prepare_database,
     lock: DatabaseLocker = lock_sqlite_file,
     transport: httpx.AsyncBaseTransport | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> Daemon:
-    """Wire a daemon from settings. Nothing starts until `Daemon.run()`."""
+    """Wire a daemon from settings. Nothing starts until `Daemon.run()`. `span_exporter` replaces OTLP
+    when `[tracing]` is on (tests)."""
     profiles = profiles or {}
     http = engine_http_client(settings, transport=transport)
+    tracing = tracer_provider(settings.tracing, span_exporter)
+    trace_client(http, tracing)
     return Daemon(
         settings=settings,
         profiles=profiles,
@@ -397,4 +409,5 @@ def build(
         store_factory=store_factory,
         prepare=prepare,
         lock=lock,
+        tracing=tracing,
     )
