@@ -35,8 +35,8 @@ tools/server/server-task.cpp, `server_task_result_cmpl_final::to_json_oaicompat`
 few seconds, right before and after its restart, and at the end. The limit (turn 1 with its stable prefix
 cached) is measured in the same run on a separate idle box of the same setting.
 
-Run: python -m bench.fleet [--shape default|crowded] [--setting tight|roomy|both] [--model testbed|light]
-[--policies a,b] [--runs N]
+Run: python -m bench.fleet [--shape default|crowded|realmix] [--setting tight|roomy|both]
+[--model testbed|light] [--policies a,b] [--runs N]
 Results: a Markdown table on stdout (median and range too with --runs > 1); per-turn JSON under
 bench/results/ (not committed); `fleet-summary-<shape>-<setting>-<UTC>.json` per run (committed).
 """
@@ -73,14 +73,20 @@ from bench.fleet_figures import (
     pre_traffic_prefill,
 )
 from bench.fleet_plan import (
+    DEFAULT_TURN_WEIGHTS,
+    MIXES,
     SHAPES,
     THEMES,
     AgentFiles,
+    CallMix,
     CallPlan,
     ScheduleSpec,
+    TurnPlan,
     agent_shares,
+    background_prompt,
     grow_agent,
     make_schedule,
+    prompt_targets,
     write_agent_files,
 )
 from bench.fleet_policies import (
@@ -90,6 +96,7 @@ from bench.fleet_policies import (
     PrecallPolicy,
     PrefixHashPolicy,
     RouterPolicy,
+    Target,
     TurnFailed,
     WarmerPolicy,
     stream_completion,
@@ -148,9 +155,12 @@ class Agents:
     render: RenderFn
 
 
-def build_agents(directory: Path, target_tokens: int, seed: int, count: int) -> Agents:
+def build_agents(
+    directory: Path, target_tokens: int, seed: int, count: int, spread: tuple[int, int] | None = None
+) -> Agents:
     """Generate the agent spec files, load them back with warmer's loader, compute their stable prefixes
-    with warmer's offline renderer and tokenizer (what `warmer render` and the daemon use)."""
+    with warmer's offline renderer and tokenizer (what `warmer render` and the daemon use). `spread`: turn-1
+    sizes spread over (low, high) across the agents instead of `target_tokens` each."""
     profile = load_profile(MODELS_DIR / f"{PROFILE}.toml")
     render, tokenize = offline_renderer(profile), offline_tokenizer(profile)
     scratch = directory / ".grow"
@@ -162,7 +172,8 @@ def build_agents(directory: Path, target_tokens: int, seed: int, count: int) -> 
         return len(tokenize(render(request.messages, request.tools)))
 
     themes = THEMES[:count]
-    files = [grow_agent(theme, seed, target_tokens, turn1_tokens) for theme in themes]
+    targets = prompt_targets([t.agent_id for t in themes], spread, target_tokens, seed)
+    files = [grow_agent(theme, seed, targets[theme.agent_id], turn1_tokens) for theme in themes]
     shutil.rmtree(scratch)
     write_agent_files(directory, files)
     specs = load_agent_specs(directory)
@@ -170,16 +181,28 @@ def build_agents(directory: Path, target_tokens: int, seed: int, count: int) -> 
     return Agents(directory, specs, stable, [t.agent_id for t in themes], render)
 
 
-def turn_prompt(agents: Agents, call: CallPlan, history: Sequence[tuple[str, str]]) -> str:
+def turn_prompt(agents: Agents, call: CallPlan, history: Sequence[tuple[str, TurnPlan]]) -> str:
     """The prompt of the call's next turn: its turn-1 messages (the agent's static part, then the dynamic
-    tail with this call's values), then each (assistant reply, user line) so far, as warmer renders it."""
+    tail with this call's values), then each assistant reply, tool result (where the turn has one) and user
+    line so far, as warmer renders it."""
     spec = agents.specs[call.agent]
     request = build_request(spec, call.values)
     messages: list[Mapping[str, object]] = list(request.messages)
-    for reply, user_text in history:
+    for reply, turn in history:
         messages.append({"role": "assistant", "content": reply})
-        messages.append({"role": "user", "content": user_text})
+        if turn.tool_result is not None:
+            messages.append({"role": "tool", "content": turn.tool_result})
+        messages.append({"role": "user", "content": turn.user_text})
     return agents.render(messages, request.tools)
+
+
+def transcript(call: CallPlan, history: Sequence[tuple[str, TurnPlan]]) -> list[tuple[str, str]]:
+    """The call so far as a summariser reads it (the background request's input)."""
+    lines = [("caller", f"{call.values.get('customer_name', 'caller')} called")]
+    for reply, turn in history:
+        lines.append(("agent", reply))
+        lines.append(("caller", turn.user_text))
+    return lines
 
 
 # -- processes ------------------------------------------------------------------------------------------
@@ -475,44 +498,101 @@ async def run_call(
         record.error = f"no box: {exc}"
         return
     record.setup_s = clock() - setup_started
-    history: list[tuple[str, str]] = []
-    user_lines = [t.user_text for t in call.later_turns]
-    for turn in range(1, call.turns + 1):
-        if turn > 1:
-            await asyncio.sleep(call.later_turns[turn - 2].pause_s)
-        prompt = turn_prompt(agents, call, history)
-        for attempt in range(MAX_ATTEMPTS_PER_TURN):
-            started = clock()
-            try:
-                result = await stream_completion(client, target.base_url, prompt, reply_tokens, target.slot)
-            except TurnFailed as exc:
-                record.failures += 1
-                if attempt == MAX_ATTEMPTS_PER_TURN - 1:
-                    record.error = f"turn {turn}: {exc}"
-                    return
-                try:
-                    target = await policy.retarget(call, record, clock, target)
-                except TurnFailed as again:
-                    record.error = f"turn {turn}: no box: {again}"
-                    return
-                continue
-            record.turns.append(
-                TurnRecord(
-                    turn=turn,
-                    started_s=started,
-                    finished_s=clock(),
-                    ttft_s=result.ttft_s,
-                    prompt_tokens=result.prompt_tokens,
-                    cached_tokens=result.cached_tokens,
-                    processed_tokens=result.processed_tokens,
-                    box_id=target.box_id,
-                )
+    history: list[tuple[str, TurnPlan]] = []
+    background: asyncio.Task[None] | None = None
+    try:
+        for turn in range(1, call.turns + 1):
+            if turn > 1:
+                await asyncio.sleep(call.later_turns[turn - 2].pause_s)
+            served = await _one_turn(
+                call, record, policy, client, agents, clock, reply_tokens, target, turn, history
             )
-            if turn == 1:
-                record.turn1_answer = target.answer
-            break
+            if served is None:
+                return
+            target = served
+            if call.background_after == turn:
+                prompt = background_prompt(transcript(call, history))
+                background = asyncio.create_task(
+                    _background(record, policy.background_target(prompt, target), client, prompt, clock)
+                )
+    finally:
+        if background is not None:
+            await background
+
+
+async def _background(
+    record: CallRecord, target: Target, client: httpx.AsyncClient, prompt: str, clock: Callable[[], float]
+) -> None:
+    """The call's background request (one output token): its prefill counts as the calls' own."""
+    started = clock()
+    try:
+        result = await stream_completion(client, target.base_url, prompt, 1)
+    except TurnFailed:
+        record.failures += 1
+        return
+    record.background.append(
+        TurnRecord(
+            0,
+            started,
+            clock(),
+            result.ttft_s,
+            result.prompt_tokens,
+            result.cached_tokens,
+            result.processed_tokens,
+            target.box_id,
+        )
+    )
+
+
+async def _one_turn(
+    call: CallPlan,
+    record: CallRecord,
+    policy: Policy,
+    client: httpx.AsyncClient,
+    agents: Agents,
+    clock: Callable[[], float],
+    reply_tokens: int,
+    target: Target,
+    turn: int,
+    history: list[tuple[str, TurnPlan]],
+) -> Target | None:
+    """One turn with its retries; the target it ended on, or None when the call could not go on. A served
+    turn's reply joins `history` with the next turn's plan."""
+    prompt = turn_prompt(agents, call, history)
+    for attempt in range(MAX_ATTEMPTS_PER_TURN):
+        started = clock()
+        try:
+            result = await stream_completion(client, target.base_url, prompt, reply_tokens, target.slot)
+        except TurnFailed as exc:
+            record.failures += 1
+            if attempt == MAX_ATTEMPTS_PER_TURN - 1:
+                record.error = f"turn {turn}: {exc}"
+                return None
+            try:
+                target = await policy.retarget(call, record, clock, target)
+            except TurnFailed as again:
+                record.error = f"turn {turn}: no box: {again}"
+                return None
+            continue
+        record.turns.append(
+            TurnRecord(
+                turn=turn,
+                started_s=started,
+                finished_s=clock(),
+                ttft_s=result.ttft_s,
+                prompt_tokens=result.prompt_tokens,
+                cached_tokens=result.cached_tokens,
+                processed_tokens=result.processed_tokens,
+                box_id=target.box_id,
+                slot=target.slot,
+            )
+        )
+        if turn == 1:
+            record.turn1_answer = target.answer
         if turn < call.turns:
-            history.append((result.text, user_lines[turn - 1]))
+            history.append((result.text, call.later_turns[turn - 1]))
+        return target
+    return None
 
 
 async def send_deploy_event(client: httpx.AsyncClient, api: str, kind: str, box_id: str) -> int:
@@ -873,7 +953,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--shape",
         choices=sorted(SHAPES),
         default="default",
-        help="agents on the same boxes: default 6 (all fit the slots), crowded 12 (twice the slots)",
+        help="agents on the same boxes: default 6 (all fit the slots), crowded 12 (twice the slots), "
+        "realmix 12 with the seeds' call mix (prompts spread over 800-2,600 tokens, a median of 6 turns, "
+        "tool results, a background request per call)",
     )
     parser.add_argument("--agents", type=int, default=None, help="override the shape's agent count")
     parser.add_argument(
@@ -897,10 +979,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="keep box, router and warmer logs here (default: a temp dir)",
     )
     args = parser.parse_args(argv)
+    args.mix = MIXES.get(args.shape, CallMix())  # the shape's call mix, also with --agents overridden
     if args.agents is None:
         args.agents = SHAPES[args.shape]
     elif args.agents != SHAPES[args.shape]:
-        args.shape = f"{args.agents}-agents"  # the summaries must not call it a named shape
+        # the summaries must not call it a named shape
+        args.shape = f"{args.agents}-agents" + ("-realmix" if args.mix.background else "")
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in args.policy_list if p not in POLICIES]
     if unknown or not args.policy_list:
@@ -940,9 +1024,16 @@ class BenchResult:
 
 
 async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir: Path) -> BenchResult:
-    agents = build_agents(workdir / "agents", args.prompt_tokens, args.seed, args.agents)
+    mix = args.mix
+    agents = build_agents(workdir / "agents", args.prompt_tokens, args.seed, args.agents, mix.prompt_tokens)
     schedule_spec = ScheduleSpec(
-        calls=args.calls, arrival_window_s=args.window, pause_s=args.pause_range, seed=args.seed
+        calls=args.calls,
+        arrival_window_s=args.window,
+        pause_s=args.pause_range,
+        seed=args.seed,
+        turn_weights=mix.turn_weights or DEFAULT_TURN_WEIGHTS,
+        tool_share=mix.tool_share,
+        background=mix.background,
     )
     calls = make_schedule(schedule_spec, agents.order)
     meta = {

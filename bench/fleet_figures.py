@@ -33,6 +33,7 @@ class TurnRecord:
     cached_tokens: int
     processed_tokens: int  # timings.prompt_n: prompt tokens the engine computed
     box_id: str | None  # the box it went to, when the policy knows it (warmer); None behind a router
+    slot: int | None = None  # the llama-server slot it named (`id_slot`), when the policy named one
 
 
 @dataclass
@@ -46,6 +47,7 @@ class AskRecord:
     ready: bool | None = None
     waited_ms: float | None = None
     detail: str = ""
+    slot: int | None = None  # the slot the answer named (sent as `id_slot` unless the arm ignores it)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class CallRecord:
     failures: int = 0  # failed attempts (connection errors, 5xx, broken streams, prewarm 503s)
     setup_s: float | None = None  # pre-call work before turn 1 (prewarm ask, naive pre-warm)
     turn1_answer: AskRecord | None = None  # the answer whose box served turn 1
+    background: list[TurnRecord] = field(default_factory=list)  # its background request (`realmix`), turn 0
     error: str = ""  # why the call could not finish, if it did not
 
     @property
@@ -151,8 +154,8 @@ def engine_prefill(scrapes: Sequence[Scrape]) -> dict[str, float]:
 
 
 def calls_processed(calls: Sequence[CallRecord]) -> float:
-    """Uncached prompt tokens of the calls' own turns (engine-reported `timings.prompt_n`)."""
-    return float(sum(t.processed_tokens for c in calls for t in c.turns))
+    """Uncached prompt tokens of the calls' own turns and background requests (`timings.prompt_n`)."""
+    return float(sum(t.processed_tokens for c in calls for t in (*c.turns, *c.background)))
 
 
 def warm_split(
@@ -163,7 +166,7 @@ def warm_split(
     """Warm traffic (engine prefill minus the calls' own) inside and outside each box's restart warm-up
     windows, per scrape interval, the interval placed by its end time. A turn counts in the interval in
     which it finished. Needs every turn's box (None otherwise: behind a router the box is unknown)."""
-    turns = [t for c in calls for t in c.turns]
+    turns = [t for c in calls for t in (*c.turns, *c.background)]
     if any(t.box_id is None for t in turns):
         return None
     inside = outside = 0.0

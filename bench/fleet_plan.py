@@ -146,7 +146,45 @@ THEMES: tuple[AgentTheme, ...] = (
 # Named agent counts, so a figure says which fleet it is from: `default` is 6 agents on 3 boxes x 2
 # slots (every prompt can be resident at once); `crowded` is 12 (twice what the slots hold: routing
 # alone cannot keep every agent warm, which is the seeds' field shape).
-SHAPES: dict[str, int] = {"default": 6, "crowded": 12}
+SHAPES: dict[str, int] = {"default": 6, "crowded": 12, "realmix": 12}
+
+
+@dataclass(frozen=True)
+class CallMix:
+    """A shape's call mix beyond reply turns (`realmix`, the seeds' calls): turn-1 prompt sizes spread
+    over a range instead of one size, how many turns a call makes, the share of later turns that carry a
+    tool result before the caller's words, and one background request per call with a prefix of its own
+    (a transcript summary or classifier, as voice stacks run beside the call)."""
+
+    prompt_tokens: tuple[int, int] | None = None  # (low, high) spread over the agents; None: --prompt-tokens
+    turn_weights: tuple[float, ...] | None = None  # None: DEFAULT_TURN_WEIGHTS
+    tool_share: float = 0.0
+    background: bool = False
+
+
+# The seeds' calls scaled to the testbed's 4,096-token slots: prompts spread over 800-2,600 tokens (a call's
+# later turns must still fit), a median of 6 turns (1-10), a tool result in 30% of later turns, and one
+# background request per call.
+REALMIX_TURN_WEIGHTS: tuple[float, ...] = (0.04, 0.06, 0.08, 0.10, 0.14, 0.16, 0.14, 0.11, 0.09, 0.08)
+MIXES: dict[str, CallMix] = {
+    "realmix": CallMix(
+        prompt_tokens=(800, 2600), turn_weights=REALMIX_TURN_WEIGHTS, tool_share=0.3, background=True
+    ),
+}
+
+
+def prompt_targets(
+    agents: Sequence[str], spread: tuple[int, int] | None, fixed: int, seed: int
+) -> dict[str, int]:
+    """Each agent's turn-1 prompt size: `fixed`, or spread evenly over `spread` in a seeded order (so
+    prompt size and popularity are not tied)."""
+    if spread is None or len(agents) < 2:
+        return dict.fromkeys(agents, fixed)
+    low, high = spread
+    sizes = [round(low + (high - low) * i / (len(agents) - 1)) for i in range(len(agents))]
+    random.Random(seed).shuffle(sizes)
+    return dict(zip(agents, sizes, strict=True))
+
 
 _ADJECTIVES = ("basic", "standard", "plus", "premium", "flex", "saver", "classic", "express", "prime")
 _CLAUSES = (
@@ -305,10 +343,12 @@ DEFAULT_TURN_WEIGHTS: tuple[float, ...] = (0.35, 0.25, 0.2, 0.2)  # 1, 2, 3, 4 t
 
 @dataclass(frozen=True)
 class TurnPlan:
-    """A later turn: wait `pause_s` after the previous reply, then say `user_text`."""
+    """A later turn: wait `pause_s` after the previous reply, then say `user_text` (after `tool_result`,
+    the answer of a tool the agent called, when the turn carries one)."""
 
     pause_s: float
     user_text: str
+    tool_result: str | None = None
 
 
 @dataclass(frozen=True)
@@ -322,6 +362,7 @@ class CallPlan:
     start_s: float
     values: Mapping[str, str]
     later_turns: tuple[TurnPlan, ...] = field(default_factory=tuple)
+    background_after: int | None = None  # the turn after which the call's background request is sent
 
     @property
     def turns(self) -> int:
@@ -340,6 +381,8 @@ class ScheduleSpec:
     turn_weights: tuple[float, ...] = DEFAULT_TURN_WEIGHTS
     pause_s: tuple[float, float] = (2.0, 6.0)
     seed: int = 7
+    tool_share: float = 0.0  # share of later turns carrying a tool result
+    background: bool = False  # one background request per call (`CallMix`)
 
     def __post_init__(self) -> None:
         if self.calls < 1:
@@ -351,6 +394,8 @@ class ScheduleSpec:
         low, high = self.pause_s
         if low < 0 or high < low:
             raise ValueError(f"pause_s must be 0 <= low <= high, got {self.pause_s}")
+        if not 0.0 <= self.tool_share <= 1.0:
+            raise ValueError(f"tool_share must be within [0, 1], got {self.tool_share}")
 
 
 def zipf_weights(n: int, s: float) -> list[float]:
@@ -382,10 +427,42 @@ def make_schedule(spec: ScheduleSpec, agents: Sequence[str]) -> list[CallPlan]:
             "call_id": call_id,
         }
         later = tuple(
-            TurnPlan(round(rng.uniform(*spec.pause_s), 3), rng.choice(_USER_LINES)) for _ in range(turns - 1)
+            TurnPlan(round(rng.uniform(*spec.pause_s), 3), rng.choice(_USER_LINES), _tool_result(spec, rng))
+            for _ in range(turns - 1)
         )
-        calls.append(CallPlan(index, call_id, agent, round(start, 3), values, later))
+        background = min(2, turns) if spec.background else None
+        calls.append(CallPlan(index, call_id, agent, round(start, 3), values, later, background))
     return calls
+
+
+def _tool_result(spec: ScheduleSpec, rng: random.Random) -> str | None:
+    """A tool's JSON answer, in `tool_share` of later turns (drawn only when the share is set, so the
+    schedules of the other shapes stay as they were)."""
+    if spec.tool_share <= 0 or rng.random() >= spec.tool_share:
+        return None
+    reference = f"R-{rng.randrange(10_000, 99_999)}"
+    status = rng.choice(("confirmed", "pending", "not found", "needs a supervisor"))
+    slots = ", ".join(f"{rng.randrange(8, 18)}:{rng.choice(('00', '30'))}" for _ in range(3))
+    return json.dumps(
+        {"reference": reference, "status": status, "next_free": slots, "note": rng.choice(_USER_LINES)}
+    )
+
+
+# The background request every `realmix` call makes once (after its second turn): a transcript summary with
+# instructions of its own, so it shares no prefix with any agent and competes with them for cache room.
+BACKGROUND_INSTRUCTIONS = (
+    "You summarise a customer phone call for the agent desk. Read the transcript below and write one "
+    "line: the caller's intent, what was agreed, and any follow-up with its date. Use plain words, no "
+    "lists, no names of internal systems. If the call was cut short, say so. If a payment, a booking or a "
+    "cancellation was agreed, name it first. Never add facts that are not in the transcript; when something "
+    "is unclear, write 'unclear'. The desk reads hundreds of these a day: keep it under thirty words."
+)
+
+
+def background_prompt(transcript: Sequence[tuple[str, str]]) -> str:
+    """The background request of a call: fixed instructions, then the call so far."""
+    lines = [f"{speaker}: {text}" for speaker, text in transcript]
+    return BACKGROUND_INSTRUCTIONS + "\n\nTranscript:\n" + "\n".join(lines) + "\n\nSummary:"
 
 
 def agent_shares(calls: Sequence[CallPlan]) -> dict[str, float]:

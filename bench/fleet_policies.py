@@ -181,6 +181,11 @@ class Policy:
         """Before traffic: nothing by default (warmer warms on its own, and the run waits for it)."""
         return {}
 
+    def background_target(self, prompt: str, call_target: Target) -> Target:
+        """Where a call's background request goes: by default the box the call is on, no slot named
+        (warmer knows nothing of it: the engine picks the slot it evicts)."""
+        return Target(call_target.base_url, call_target.box_id)
+
 
 async def send_prefix(client: httpx.AsyncClient, url: str, prefix: str, attempts: int = 1) -> int:
     """The stable prefix with max_tokens 1 (a warm request), tried `attempts` times; failed tries."""
@@ -208,6 +213,9 @@ class RouterPolicy(Policy):
 
     async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
         return Target(self.router_url, None)
+
+    def background_target(self, prompt: str, call_target: Target) -> Target:
+        return Target(self.router_url, None)  # the router routes it like any request
 
     async def retarget(
         self, call: CallPlan, record: CallRecord, clock: Callable[[], float], failed: Target
@@ -268,6 +276,10 @@ class PrefixHashPolicy(Policy):
 
     def order(self, agent: str) -> list[str]:
         return rendezvous_order(hash_key(self.prefixes[agent]), list(self.urls))
+
+    def background_target(self, prompt: str, call_target: Target) -> Target:
+        box = rendezvous_order(hash_key(prompt), list(self.urls))[0]  # the proxy hashes its start too
+        return Target(self.urls[box], box)
 
     async def _warm_first_answering(self, agent: str) -> tuple[str, int]:
         """The first box in hash order that takes the warm request, and the failed tries before it."""
@@ -333,6 +345,7 @@ class WarmerPolicy(Policy):
                 ask.waited_ms = data.get("waited_ms")
                 record.asks.append(ask)
                 slot = data.get("slot")
+                ask.slot = slot if isinstance(slot, int) else None
                 return Target(
                     str(data["base_url"]).rstrip("/"),
                     ask.box_id,

@@ -184,6 +184,9 @@ class NaiveBackend:
     async def recheck(self, box_id: str) -> None:
         return None
 
+    def sent(self, agent_id: str, box_id: str, slot: int) -> None:
+        return None
+
 
 async def ready() -> Readiness:
     return Readiness(True)

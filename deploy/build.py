@@ -179,6 +179,18 @@ def dashboard() -> dict[str, Any]:
         )
         .with_panel(
             _series(
+                "Turn-1 hit rate per agent (reported usage)",
+                "From the usage the dialer reports per turn (POST /v1/usage): cached share of first turns, "
+                "and its two causes: depth (reusable share of the prompt) and coverage (share of first "
+                "turns that reached a warm cache). Turn-1 hit rate is about depth x coverage.",
+                "percentunit",
+                _query("max by (agent) (warmer_agent_turn1_cache_hit_ratio)", "{{agent}} turn 1"),
+                _query("max by (agent) (warmer_agent_prefix_depth_ratio)", "{{agent}} depth"),
+                _query("max by (agent) (warmer_agent_turn1_coverage_ratio)", "{{agent}} coverage"),
+            )
+        )
+        .with_panel(
+            _series(
                 "Warm traffic vs call prefill",
                 "Prompt tokens per second: warmer's own warms and probes against what the engines "
                 "prefilled (cache misses) and served from cache (both include warmer's requests).",

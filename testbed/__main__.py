@@ -4,6 +4,7 @@
     python -m testbed build --all                # ... and vLLM's CPU build with its generated model
     python -m testbed fleet --boxes 2 --slots 2  # run a local fleet until Ctrl-C / SIGTERM
     python -m testbed demo                       # a local fleet plus `warmer serve` configured for it
+    python -m testbed hosted --port 8480         # a local stand-in for the hosted APIs (key: $HOSTED_KEY)
 
 `fleet` prints a `[[fleet.boxes]]` TOML snippet to paste into a warmer config.
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -102,6 +104,22 @@ def run_fleet(boxes: int, slots: int, ctx_per_slot: int, threads: int, log_dir: 
     return 0
 
 
+def run_hosted(port: int) -> int:
+    """The local provider (`testbed.hosted_provider`) on 127.0.0.1 in the foreground; its API key is
+    $HOSTED_KEY (default `test-key`). Point a box's base_url at it and its api_key_env at HOSTED_KEY."""
+    import uvicorn
+
+    from testbed.hosted_provider import ProviderRules, create_app
+
+    rules = ProviderRules(api_key=os.environ.get("HOSTED_KEY", "test-key"))
+    _say(
+        f"hosted provider on http://127.0.0.1:{port} (model {rules.model!r});"
+        " POST /_testbed/advance moves its clock"
+    )
+    uvicorn.run(create_app(rules), host="127.0.0.1", port=port, log_level="warning")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m testbed", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -122,7 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     fleet.add_argument("--ctx-per-slot", type=int, default=4096, help="context per slot (default 4096)")
     fleet.add_argument("--threads", type=int, default=1, help="CPU threads per box (default 1)")
     fleet.add_argument("--log-dir", type=Path, default=None, help="where box logs go (default: a temp dir)")
+    hosted = commands.add_parser(
+        "hosted", help="a local provider with OpenAI's and Anthropic's documented cache rules, until Ctrl-C"
+    )
+    hosted.add_argument("--port", type=int, default=8480, help="loopback port (default 8480)")
     args = parser.parse_args(argv)
+    if args.command == "hosted":
+        return run_hosted(args.port)
     if args.command == "build":
         binary, model = build()
         print(f"llama_server = {binary}\nmodel = {model}")

@@ -62,15 +62,19 @@ def write_config(
     api_extra: str = "",
     sections: str = "",
     fleet_extra: str = "",
+    models_dir: Path = MODELS_DIR,
+    model: str = MODEL,
 ) -> Path:
     """A warmer.toml for llama-server boxes `(id, base_url)` and a private copy of the test agent.
 
     `api_extra` adds lines to `[api]`, `sections` adds whole sections after `[reconcile]`, `fleet_extra`
-    adds sub-tables of `[fleet]` (e.g. `[fleet.gateway]`) before the boxes.
+    adds sub-tables of `[fleet]` (e.g. `[fleet.gateway]`, or boxes of another engine) before the boxes.
+    `model`: the agent's model profile (one of `models_dir`).
     """
     agents = tmp_path / "agents"
     agents.mkdir()
-    shutil.copy(AGENTS_DIR / f"{AGENT}.toml", agents)
+    spec = (AGENTS_DIR / f"{AGENT}.toml").read_text()
+    (agents / f"{AGENT}.toml").write_text(spec.replace(f'model = "{MODEL}"', f'model = "{model}"'))
     shutil.copy(AGENTS_DIR / f"{AGENT}.tools.json", agents)
     shutil.copytree(AGENTS_DIR / AGENT, agents / AGENT)
     box_tables = "\n".join(
@@ -98,7 +102,7 @@ shutdown_grace_seconds = 5.0
 format = "json"
 
 [fleet]
-models_dir = "{MODELS_DIR}"
+models_dir = "{models_dir}"
 agents_dir = "{agents}"
 {fleet_extra}
 {box_tables}

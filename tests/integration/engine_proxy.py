@@ -12,7 +12,9 @@ and `/props` keep answering and the box looks up while its completions fail:
 - ERROR: HTTP 500 with a plain-text body;
 - GARBAGE: HTTP 200 whose body is not JSON;
 - TRUNCATED: HTTP 200 promising more body than it sends, then the connection closes;
-- HOLD: forward only once `release()` is called (a warm held in flight).
+- HOLD: forward only once `release()` is called (a warm held in flight);
+- LIE: forward with llama-server's `cache_prompt` off (nothing is reused), then claim the whole prompt
+  but its last token cached, consistently (`timings.cache_n` / `prompt_n` and `usage`): a consistent liar.
 
 Runs its own event loop in a thread (aiohttp server and client), so the test's own code stays synchronous.
 """
@@ -49,6 +51,7 @@ class Mode(enum.StrEnum):
     GARBAGE = "garbage"
     TRUNCATED = "truncated"
     HOLD = "hold"
+    LIE = "lie"
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +279,8 @@ class EngineProxy:
 
     async def _forward(self, request: web.Request, raw: bytes, body: Any, mode: Mode) -> web.Response:
         assert self._client is not None
+        if mode is Mode.LIE and isinstance(body, dict):
+            raw = json.dumps(body | {"cache_prompt": False}).encode()  # the engine reuses nothing
         headers = {k: v for k, v in request.headers.items() if k.lower() in ("content-type", "accept")}
         async with self._client.request(
             request.method, f"{self.upstream}{request.path_qs}", data=raw or None, headers=headers
@@ -284,9 +289,28 @@ class EngineProxy:
             status = upstream.status
             content_type = upstream.headers.get("Content-Type", "application/json")
         self._record(Seen(request.method, request.path, body, mode, status))
+        if mode is Mode.LIE and status == 200:
+            content = _claim_all_cached(content)
         response = web.Response(status=status, body=content)
         response.headers["Content-Type"] = content_type
         return response
+
+
+def _claim_all_cached(content: bytes) -> bytes:
+    """llama-server's answer rewritten to claim every prompt token but the last from cache, with the
+    counts consistent with each other (the prompt's total unchanged)."""
+    try:
+        answer = json.loads(content)
+    except ValueError:
+        return content
+    timings = answer.get("timings") if isinstance(answer, dict) else None
+    if isinstance(timings, dict) and "prompt_n" in timings:
+        total = int(timings.get("cache_n", 0)) + int(timings["prompt_n"])
+        timings["cache_n"], timings["prompt_n"] = total - 1, 1
+    usage = answer.get("usage") if isinstance(answer, dict) else None
+    if isinstance(usage, dict) and "prompt_tokens" in usage:
+        usage["prompt_tokens_details"] = {"cached_tokens": int(usage["prompt_tokens"]) - 1}
+    return json.dumps(answer).encode()
 
 
 _TASK_LINE = re.compile(r"launch_slot_: .*processing task")

@@ -103,3 +103,30 @@ def test_a_hung_engine_keeps_its_routes_for_one_late_health_answer_then_leaves(
         rig.serve.wait("the box ready again", lambda: rig.serve.is_ready(box_id))
         assert rig.serve.box(box_id)["epoch"] == epoch
         assert rig.assert_ready_boxes_are_warm() == [box_id]
+
+
+def test_an_engine_that_claims_every_prompt_cached_is_never_ready_and_recovers(
+    llama_fleet_factory: FleetFactory, tmp_path: Path
+) -> None:
+    """A consistent liar in front of a real llama-server: nothing is reused (`cache_prompt` off), every
+    answer claims the whole prompt but its last token cached, its counts agreeing with each other. Before
+    this was caught, its warms read as verified and the restarted, cold box answered ready."""
+    with fault_rig(llama_fleet_factory, tmp_path) as rig:
+        (box_id,) = rig.box_ids
+        proxy = rig.proxies[box_id]
+        before = event_rows(rig.database_url)
+        old_epoch = rig.serve.box(box_id)["epoch"]
+        proxy.set_mode(Mode.LIE)
+        rig.fleet.restart(box_id)
+        rig.serve.wait("the restarted box out of readiness", lambda: not rig.serve.is_ready(box_id), 60)
+        rig.hold_not_ready(
+            box_id,
+            lambda: "made up this moment" in str(rig.serve.box(box_id).get("warmup_error")),
+            "the restart warm-up failed on the lie",
+        )
+        assert not any(s.is_prefix_warm(rig.stable.token_ids or ()) for s in proxy.seen())  # nothing warmed
+        proxy.set_mode(Mode.PASS)
+        rig.serve.wait("the box ready again", lambda: rig.serve.is_ready(box_id), 180)
+        assert rig.serve.box(box_id)["epoch"] != old_epoch
+        assert rig.assert_ready_boxes_are_warm() == [box_id]
+        rig.end_checks(before)

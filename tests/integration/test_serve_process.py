@@ -132,7 +132,7 @@ def test_a_real_serve_answers_hostile_bodies_with_400_and_413_and_keeps_serving(
     deep = b"[" * 2000 + b"]" * 2000
     headers = {"content-type": "application/json"}
     with httpx.Client(base_url=serve.base_url, timeout=30) as client:
-        for method, path in (("POST", "/v1/prewarm"), ("PUT", "/v1/campaigns/deep")):
+        for method, path in (("POST", "/v1/prewarm"), ("PUT", "/v1/campaigns/deep"), ("POST", "/v1/usage")):
             response = client.request(method, path, content=deep, headers=headers)
             assert response.status_code == 400, response.text
             assert response.json()["detail"] == "JSON nested deeper than 64 levels"

@@ -31,6 +31,7 @@ from warmer.service.capacity import CapacityService, PrefillCeilings
 from warmer.service.deploy import DeployService, WebhookConfig
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
 from warmer.service.status import StatusService
+from warmer.service.usage import UsageService
 
 TOKEN = "front-door-token"
 SECRET = "front-door-secret"
@@ -91,6 +92,10 @@ async def _ready() -> Readiness:
     return Readiness(True)
 
 
+async def _stable_share(agent_id: str) -> float | None:
+    return 0.9  # the stack's agent: depth as warmer would compute it (a constant is enough for the API)
+
+
 def build_stack(
     tmp_path: Path,
     *,
@@ -130,6 +135,12 @@ def build_stack(
         ),
         max_request_bytes=max_request_bytes,
         webhook_max_body_bytes=webhook_max_body_bytes,
+        usage=UsageService(
+            clock=built.clock,
+            agents=agents,
+            boxes=lambda: list(reconciler.fleet()),
+            stable_share=_stable_share,
+        ),
     )
     stack = Stack(built, store, create_app(services))
     if settle_first:

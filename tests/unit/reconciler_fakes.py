@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from warmer.adapters.store import SqlStore
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import EngineError, LeaseLost, NotSupported
+from warmer.core.gate import GateConfig
 from warmer.core.model import (
     BoxCapacity,
     BoxSpec,
@@ -97,6 +98,7 @@ class FakeEngine:
         self.gate: asyncio.Event | None = None
         self.clock: FakeClock | None = None
         self.fail_constrained = False
+        self.lies = False  # every report claims the whole prompt cached, whatever the cache holds
         self.space_tokens = space_tokens
 
     def restart(self, box_id: str) -> None:
@@ -128,7 +130,7 @@ class FakeEngine:
         assert prefix.token_ids is not None
         hit = self.boxes[box.id].use(prefix.token_ids)
         self.slots_named.append((box.id, kind, slot))
-        cached = prefix.token_count - 1 if hit else 0  # llama.cpp recomputes the last prompt token
+        cached = prefix.token_count - 1 if hit or self.lies else 0  # llama.cpp recomputes the last token
         return CompletionReport(
             prompt_tokens=prefix.token_count + len(suffix),
             cached_tokens=cached,
@@ -155,7 +157,10 @@ class FakeEngine:
         await asyncio.sleep(0)  # let a concurrent burst overlap
         self.in_flight_prompts -= 1
         tokens = len(await self.tokenize(box, prompt))
-        return CompletionReport(prompt_tokens=tokens, cached_tokens=0, wall_seconds=0.0, engine_seconds=0.01)
+        cached = tokens - 1 if self.lies else 0
+        return CompletionReport(
+            prompt_tokens=tokens, cached_tokens=cached, wall_seconds=0.0, engine_seconds=0.01
+        )
 
     async def render_chat(
         self, box: BoxSpec, messages: Sequence[dict[str, object]], tools: Sequence[dict[str, object]]
@@ -268,6 +273,7 @@ def world(
     store_class: type[SqlStore] = SqlStore,
     slow_polls_allowed: int = 1,
     lend_seconds: float = 60.0,
+    gate: GateConfig | None = None,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
@@ -292,6 +298,7 @@ def world(
             placement=placement or PlacementConfig(min_group_size=min_group),
             health_slow_polls_allowed=slow_polls_allowed,
             precall_lend_seconds=lend_seconds,
+            gate=gate or GateConfig(),
         ),
         demand=demand,
         observer=observer,

@@ -48,7 +48,7 @@ from warmer.core.hitrate import cache_stats_from_metrics
 from warmer.core.model import BoxSpec, CacheStats, EngineKind, ModelProfile
 from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
-from warmer.root.capacity import OfflineCallTokens, capacity_config
+from warmer.root.capacity import OfflineStablePrefixes, capacity_config
 from warmer.root.metrics import CapacityMetrics, Metrics
 from warmer.service.capacity import (
     CapacityConfig,
@@ -370,14 +370,17 @@ def test_offline_call_tokens_are_the_uncached_part_of_a_turn1_prompt() -> None:
     repo = Path(__file__).resolve().parents[2]
     agents = load_agent_specs(repo / "config" / "agents")
     profiles = load_profiles(repo / "models")
-    tokens = OfflineCallTokens(lambda: agents, profiles)
-    fixed = asyncio.run(tokens("outbound-sales"))
-    early = asyncio.run(tokens("outbound-sales-early"))
+    prefixes = OfflineStablePrefixes(lambda: agents, profiles)
+    fixed = asyncio.run(prefixes.call_tokens("outbound-sales"))
+    early = asyncio.run(prefixes.call_tokens("outbound-sales-early"))
     assert fixed is not None
     assert early is not None
     assert 100 < fixed < 400  # the dynamic tail and the generation prompt (3372 - 3114 in `warmer lint`)
     assert early > 3000  # per-call values at the top: almost the whole prompt is computed per call
-    assert asyncio.run(tokens("nobody")) is None
+    assert asyncio.run(prefixes.call_tokens("nobody")) is None
+    share = asyncio.run(prefixes.stable_share("outbound-sales"))
+    assert share is not None
+    assert 0.9 < share < 0.95  # 3114 of 3372 in `warmer lint`
 
 
 # --- the API and the gauges -------------------------------------------------------------------------------

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from warmer.config.loop_settings import CapacitySettings, DialerSettings, HitRateSettings
+from warmer.config.loop_settings import (
+    CapacitySettings,
+    DialerSettings,
+    GateSettings,
+    HitRateSettings,
+    UsageSettings,
+)
 from warmer.config.server_settings import ReplicaSettings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "example.toml"
@@ -42,7 +48,9 @@ def _commented_block(table: str) -> str:
         ("hitrate", HitRateSettings),
         ("dialer", DialerSettings),
         ("capacity", CapacitySettings),
+        ("usage", UsageSettings),
         ("replicas", ReplicaSettings),
+        ("gate", GateSettings),
     ],
 )
 def test_commented_block_validates_and_shows_the_defaults(table: str, section: type[BaseModel]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
@@ -29,13 +30,18 @@ from bench.fleet_figures import (
     warm_split,
 )
 from bench.fleet_plan import (
+    BACKGROUND_INSTRUCTIONS,
+    MIXES,
     SHAPES,
     THEMES,
     ScheduleSpec,
+    TurnPlan,
     agent_files,
     agent_shares,
+    background_prompt,
     grow_agent,
     make_schedule,
+    prompt_targets,
     zipf_weights,
 )
 from bench.fleet_policies import LOGIT_BIAS, hash_key
@@ -133,9 +139,39 @@ def test_turn_prompts_start_with_the_stable_prefix_and_extend_the_previous_turn(
     assert turn1.startswith(agents.stable[call.agent].text)
     assert call.values["customer_name"] in turn1
     assert call.values["call_id"] in turn1
-    turn2 = turn_prompt(agents, call, [("Hello there.", "Who is this?")])
+    turn2 = turn_prompt(agents, call, [("Hello there.", TurnPlan(1.0, "Who is this?"))])
     assert turn2.startswith(turn1 + "Hello there.")
     assert turn2.endswith("Who is this?<|im_end|>\n<|im_start|>assistant\n")
+    # a turn that carries a tool result: the tool's answer, then the caller's words
+    tool = TurnPlan(1.0, "And then?", tool_result='{"status": "confirmed"}')
+    turn3 = turn_prompt(
+        agents, call, [("Hello there.", TurnPlan(1.0, "Who is this?")), ("Let me look.", tool)]
+    )
+    assert turn3.startswith(turn2 + "Let me look.")
+    assert '<|im_start|>tool\n{"status": "confirmed"}<|im_end|>\n<|im_start|>user\nAnd then?' in turn3
+
+
+def test_the_real_mix_spreads_prompts_makes_longer_calls_with_tool_results_and_a_background_request() -> None:
+    mix = MIXES["realmix"]
+    spec = ScheduleSpec(
+        calls=400, seed=3, turn_weights=mix.turn_weights or (), tool_share=mix.tool_share, background=True
+    )
+    calls = make_schedule(spec, CROWDED)
+    assert statistics.median(c.turns for c in calls) == 6
+    later = [t for c in calls for t in c.later_turns]
+    assert 0.25 < sum(t.tool_result is not None for t in later) / len(later) < 0.35
+    assert all(c.background_after == min(2, c.turns) for c in calls)
+    targets = prompt_targets(CROWDED, mix.prompt_tokens, 3000, 7)
+    assert (min(targets.values()), max(targets.values())) == mix.prompt_tokens
+    assert len(set(targets.values())) == len(CROWDED)
+    assert [targets[a] for a in CROWDED] != sorted(targets.values())  # size is not tied to popularity
+    # the other shapes' schedules draw nothing new: the same calls as before the mix existed
+    plain = make_schedule(ScheduleSpec(calls=50, seed=3), CROWDED)
+    assert all(t.tool_result is None for c in plain for t in c.later_turns)
+    assert all(c.background_after is None for c in plain)
+    prompt = background_prompt([("caller", "Ana Souza called"), ("agent", "Hello.")])
+    assert prompt.startswith(BACKGROUND_INSTRUCTIONS)
+    assert prompt.endswith("agent: Hello.\n\nSummary:")
 
 
 def test_logit_bias_bans_end_and_non_ascii_tokens_only() -> None:

@@ -44,7 +44,7 @@ def crowded(tmp_path_factory: pytest.TempPathFactory) -> Agents:
 
 
 def test_shapes_name_6_and_12_agents_and_every_theme_is_distinct() -> None:
-    assert SHAPES == {"default": 6, "crowded": 12}
+    assert SHAPES == {"default": 6, "crowded": 12, "realmix": 12}
     assert len(THEMES) >= SHAPES["crowded"]
     assert len({t.agent_id for t in THEMES}) == len(THEMES)
     assert len({t.company for t in THEMES}) == len(THEMES)

@@ -73,6 +73,11 @@ def test_it_shows_boxes_agents_traffic_and_the_api() -> None:
         "Cache hit rate per box": {"warmer_box_cache_hit_ratio"},
         "Time to ready per box": {"warmer_time_to_ready_seconds"},
         "Routed boxes per agent": {"warmer_box_agent_warm"},
+        "Turn-1 hit rate per agent (reported usage)": {
+            "warmer_agent_turn1_cache_hit_ratio",
+            "warmer_agent_prefix_depth_ratio",
+            "warmer_agent_turn1_coverage_ratio",
+        },
         "Warm traffic vs call prefill": {
             "warmer_warm_prompt_tokens_total",
             "warmer_engine_prompt_tokens_total",

@@ -14,6 +14,7 @@ from warmer.core.model import BoxSpec, EngineKind, WarmState
 from warmer.core.placement import Handover
 from warmer.core.placement.loans import LentBoxCaps, Loan, apply_loans, offer_loan, prefix_value
 from warmer.service.reconciler import Reconciler
+from warmer.service.reconciler.precall import FIRST_TURN_SECONDS
 
 
 def one_box_world(store_url: str, volume: dict[str, float], *, pinnable: bool = False) -> World:
@@ -248,7 +249,9 @@ def test_a_prefix_just_answered_ready_never_leaves_and_a_borrower_is_protected_o
 ) -> None:
     """A ready answer sends a call whose first turn has not reached the box yet: for
     `precall_protect_seconds` (10 s) that prefix stays, even when it is the cheapest to lose; so does a
-    borrower. After that both are ordinary residents again."""
+    borrower. When that leaves no room, a prefix answered longer ago than a first turn takes
+    (`FIRST_TURN_SECONDS`) gives its room rather than let the call land cold in a slot the engine picks.
+    After the window both are ordinary residents again."""
 
     async def scenario() -> None:
         volume = {"hot": 10.0, "cool": 1.0, "t1": 0.5, "t2": 0.4}
@@ -261,18 +264,90 @@ def test_a_prefix_just_answered_ready_never_leaves_and_a_borrower_is_protected_o
         held = held_ids(engine, "b1")
         assert prefix_ids("cool") in held  # protected: the busier unasked one left instead
         assert prefix_ids("hot") not in held
-        # within the window: both residents are protected, so t2 cannot borrow and is answered cold
-        w.clock.t += 5.0
+        # within cool's first-turn time and t1's protection: t2 cannot borrow and is answered cold
+        w.clock.t += FIRST_TURN_SECONDS / 2
         assert not (await w.reconciler.ensure_warm("t2", wait_seconds=0.0)).routed
-        # past it: the borrower is the cheapest resident (0.5/min) and gives its room to t2
-        w.clock.t += 6.0
+        # past cool's first turn, t1 still protected: cool's room goes to t2, chosen and released first
+        w.clock.t += 4.0
         answer = await w.reconciler.ensure_warm("t2", wait_seconds=5.0)
         assert answer.routed
         held = held_ids(engine, "b1")
-        assert prefix_ids("t2") in held
-        assert prefix_ids("cool") in held
+        assert {prefix_ids("t1"), prefix_ids("t2")} <= held
+        assert prefix_ids("cool") not in held
+        # past t1's window it is the cheapest resident (0.5/min), and gives its room to cool's next call
+        w.clock.t += 6.0
+        answer = await w.reconciler.ensure_warm("cool", wait_seconds=5.0)
+        assert answer.routed
+        held = held_ids(engine, "b1")
+        assert {prefix_ids("cool"), prefix_ids("t2")} <= held
         assert prefix_ids("t1") not in held
         await settle(w.reconciler, rounds=2)
         assert route_boxes(w.reconciler, "t1") == []
+
+    asyncio.run(scenario())
+
+
+def test_a_prefix_in_a_slot_another_call_still_writes_to_is_probed_before_it_is_called_ready(
+    store_url: str,
+) -> None:
+    """A call keeps sending turns to the slot its answer named. When that slot is lent to another agent
+    while the call still runs, its next turn overwrites the borrower there, and the borrower's record
+    alone would keep vouching for it (seen on the crowded fleet bench: ready answers whose turn 1 found 28
+    of ~2,900 tokens). An ask within the call's hold probes first; the answer is true of the engine."""
+
+    async def scenario() -> None:
+        volume = {"hot": 10.0, "cool": 1.0, "tail": 0.5}
+        w = one_box_world(store_url, volume, pinnable=True)
+        engine, reconciler = w.engine, w.reconciler
+        await settle(reconciler)
+        cool_slot = reconciler.prefix_slot("cool", "b1")
+        assert cool_slot is not None
+        reconciler.note_call("cool", "b1", cool_slot)  # a call of cool's runs in its slot
+        w.clock.t += 11.0  # past cool's protection; its call still runs (a minute's hold)
+        answer = await reconciler.ensure_warm("tail", wait_seconds=5.0)
+        assert answer.routed
+        assert reconciler.prefix_slot("tail", "b1") == cool_slot  # the room lent was cool's slot
+        assert prefix_ids("tail") in held_ids(engine, "b1")
+
+        # cool's call sends its next turn to its slot: the borrower there is overwritten
+        cache = engine.boxes["b1"].cache
+        del cache[prefix_ids("tail")]
+        engine.boxes["b1"].use((*prefix_ids("cool"), 7, 7, 7))
+        w.clock.t += 2.0
+        probes = len(engine.probes("b1"))
+        answer = await reconciler.ensure_warm("tail", wait_seconds=5.0)
+        assert len(engine.probes("b1")) > probes  # looked before vouching
+        assert not answer.routed or prefix_ids("tail") in held_ids(engine, "b1")  # never a false ready
+        history = [e for e in await w.store.events(box_id="b1", limit=500) if e.kind == "warm_transition"]
+        found_cold = [e for e in history if "slot shared with a running call" in str(e.detail["reason"])]
+        assert [(e.detail["from"], e.detail["to"]) for e in found_cold] == [("warm", "evicted")]
+
+        # outside the call's hold, a verified prefix is answered from its record again: no probe
+        w.clock.t += 61.0
+        await settle(reconciler, rounds=2)
+        probes = len(engine.probes("b1"))
+        if route_boxes(reconciler, "tail"):
+            assert (await reconciler.ensure_warm("tail", wait_seconds=0.0)).routed
+            assert len(engine.probes("b1")) == probes
+
+    asyncio.run(scenario())
+
+
+def test_a_short_protection_look_does_not_forget_answers_the_full_window_still_protects(
+    store_url: str,
+) -> None:
+    """The fallback lend asks who was answered within a first turn's time; that look must not drop the
+    answers the protection window (10 s) still covers, or the next ask's full protection misses them."""
+
+    async def scenario() -> None:
+        w = one_box_world(store_url, {"hot": 10.0, "cool": 1.0})
+        await settle(w.reconciler)
+        assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
+        precall = w.reconciler._precall  # the pre-call part of the reconciler, asked directly
+        w.clock.t += 5.0
+        assert precall.answered_within(FIRST_TURN_SECONDS) == frozenset()
+        assert precall.answered_within(10.0) == {"cool"}
+        w.clock.t += 6.0
+        assert precall.answered_within(10.0) == frozenset()
 
     asyncio.run(scenario())

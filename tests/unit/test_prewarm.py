@@ -61,6 +61,7 @@ class FakeBackend:
     takes_seconds: float = 0.0
     slots: dict[str, int] = field(default_factory=dict)
     rechecked: list[str] = field(default_factory=list)
+    sent_to: list[tuple[str, str, int]] = field(default_factory=list)
 
     def knows(self, agent_id: str) -> bool:
         return agent_id == "sales"
@@ -82,6 +83,9 @@ class FakeBackend:
 
     async def recheck(self, box_id: str) -> None:
         self.rechecked.append(box_id)
+
+    def sent(self, agent_id: str, box_id: str, slot: int) -> None:
+        self.sent_to.append((agent_id, box_id, slot))
 
 
 def run(ask: Coroutine[Any, Any, PrewarmAnswer]) -> PrewarmAnswer:
@@ -325,6 +329,12 @@ def test_a_routed_answer_names_the_slot_holding_the_prefix_where_slots_are_pinne
     warming = FakeBackend(Answer("b1", WarmState.WARMING, False, slot=0), slots={"b1": 1})
     answer = run(PrewarmService(warming, FakeClock()).prewarm(PrewarmAsk("sales")))
     assert (answer.ready, answer.slot, answer.as_json()["slot"]) == (False, 0, 0)
+    # every slot an answer names is told to the reconciler: that call's turns land there for a while
+    assert (backend.sent_to, cold.sent_to, warming.sent_to) == (
+        [("sales", "b1", 1)],
+        [],
+        [("sales", "b1", 0)],
+    )
 
 
 def test_a_routed_answer_is_picked_from_the_routes_the_reconciler_answered_with() -> None:

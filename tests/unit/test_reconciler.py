@@ -27,6 +27,7 @@ from tests.unit.reconciler_fakes import (
     World,
     boxes,
     route_boxes,
+    routed_boxes,
     settle,
     world,
 )
@@ -35,7 +36,7 @@ from warmer.api import ApiServices, Readiness, create_app
 from warmer.core.errors import StoreUnavailable
 from warmer.core.model import PhaseName, RestartRecipe, WarmRecord, WarmState
 from warmer.core.placement import AgentDemand, PlacementConfig, place
-from warmer.core.planner import PlannerConfig
+from warmer.core.planner import PlannerConfig, WarmupStatus
 from warmer.core.warm_budget import WarmBudget
 from warmer.root.metrics import ReconcileMetrics
 from warmer.service.reconciler import UnknownAgent
@@ -318,6 +319,35 @@ def test_a_suspect_box_is_probed_and_an_evicted_prefix_leaves_the_route_until_re
         w.clock.t += interval + 1.0
         await step(w)
         assert new_probes("b1") == 1
+        await w.store.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_that_claims_every_prompt_cached_is_never_ready(store_url: str) -> None:
+    """A consistent liar: every answer claims the whole prompt cached while nothing is (its over-claims
+    stay within what was sent, so each warm alone would read as verified). The restart warm-up's long
+    prefill starts with a fresh nonce: a hit claimed there cannot be true, so the box's reports prove
+    nothing and it is never ready; an honest engine passes the same check."""
+
+    async def scenario() -> None:
+        engine = FakeEngine(["b1", "b2"])
+        engine.lies = True
+        w = world(store_url, engine=engine)
+        await settle(w.reconciler)
+        assert w.reconciler.ready_box_ids() == set()
+        assert engine.warms() == []  # nothing is warmed on reports that prove nothing
+        phases = await w.store.list_phases("b1", "gen-0")
+        assert [(p.phase, p.ok) for p in phases][-1] == (PhaseName.LONG_PREFILL, False)
+        assert "made up this moment" in (phases[-1].error or "")
+        box = await StatusService(w.reconciler, w.store).box("b1")
+        assert box is not None
+        assert "made up this moment" in (box.warmup_error or "")
+
+        engine.lies = False
+        w.engine.restart("b1")  # an honest process: the same check passes
+        await settle(w.reconciler)
+        assert "b1" in (w.reconciler.ready_box_ids() or set())
         await w.store.close()
 
     asyncio.run(scenario())
@@ -795,5 +825,36 @@ def test_the_kept_placement_follows_a_box_removal_and_an_agent_change_as_a_full_
         assert len(groups["support"]) == 4
         assert groups == full_place(before)
         await w.reconciler.wait_idle()
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_box_warmed_up_before_placement_looks_again_is_not_ready_with_nothing_warm(
+    store_url: str,
+) -> None:
+    """Its agents went elsewhere while it restarted; once its restart warm-up is done and before the next
+    pass places them back, nothing is assigned to it *yet*: that is not "needs nothing", so not ready
+    (seen on a real fleet: 200 from /ready with 1 of 3,113 prefix tokens cached, for up to 3 s)."""
+
+    async def scenario() -> None:
+        w = world(store_url)
+        await settle(w.reconciler)
+        assert w.reconciler.ready_box_ids() == {"b1", "b2"}
+        w.engine.restart("b1")
+        await w.reconciler.tick()  # the new epoch: b1 leaves placement while it warms up
+        await w.reconciler.wait_idle()  # ...and its restart warm-up finishes before the next pass
+        assert w.reconciler.snapshot().live["b1"].warmup is WarmupStatus.DONE
+        warms_before = len(w.engine.warms("b1"))
+        ready = await StatusService(w.reconciler, w.store).ready("b1")
+        assert ready is not None
+        assert not ready.ready
+        assert ready.reasons == ("waiting for placement",)
+        assert "b1" not in w.reconciler.ready_box_ids()
+        assert len(w.engine.warms("b1")) == warms_before  # indeed nothing of its prefix was sent there yet
+
+        await settle(w.reconciler)  # placed again, its prefix warmed: ready for real
+        assert w.reconciler.ready_box_ids() == {"b1", "b2"}
+        assert routed_boxes(w.reconciler, "sales") == ["b1", "b2"]
+        await w.store.close()
 
     asyncio.run(scenario())

@@ -7,6 +7,7 @@ renewing re-probes what the dead one verified before routing to it."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +29,21 @@ from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig
 from warmer.core.shared_state import StateChange
 from warmer.core.warm_budget import WarmBudget
-from warmer.service.deploy import rollout_drain_reason
+from warmer.core.webhook import BoxUrlPolicy, sign_body
+from warmer.service.deploy import (
+    DeployOutcome,
+    DeployResult,
+    DeployService,
+    WebhookConfig,
+    rollout_drain_reason,
+)
 from warmer.service.ownership import BoxOwnership, SoleOwnership
 from warmer.service.reconciler import Reconciler, ReconcilerConfig
 from warmer.service.replica_gate import ReplicaGate
 
 BOX_IDS = ("b1", "b2", "b3", "b4")
 LEASES = LeaseConfig(lease_seconds=15.0, renew_seconds=5.0)
+SECRET = "deploy-secret"
 
 
 @dataclass
@@ -150,8 +159,10 @@ def test_the_survivor_reprobes_a_dead_replicas_boxes_before_routing_them(url: st
         clock.t += LEASES.lease_seconds  # "one" dies: it never renews again
         await two.beat()
         assert two.ownership.owned() == set(BOX_IDS)
+        engine.gate = asyncio.Event()  # the re-probes wait at the engine until the check below
         await two.reconciler.tick()  # before the re-probes finish, nothing inherited is routed
         assert not inherited & (two.reconciler.ready_box_ids() or set())
+        engine.gate.set()
         await two.reconciler.wait_idle()
         await settle(two)
         assert {box for box, kind, _ in engine.log[probes_before:] if kind == "probe"} >= inherited
@@ -201,3 +212,79 @@ def test_a_restarted_daemon_keeps_a_rollout_in_progress_and_the_fleet_changes(ur
     second = asyncio.run(scenario())
     assert second.draining() == {"b1": "r"}
     assert sorted(second.fleet()) == ["b1", "b2", "b3", "b5"]
+
+
+class ListenerFirst(SqlCoordination):
+    """The stored deploy change is applied by the replica's own pass (its change listener woke it) the
+    moment the transaction commits, before the webhook handler goes on: the order several PostgreSQL
+    replicas showed for `box.added`."""
+
+    reconciler: Reconciler | None = None
+
+    async def apply_deploy(
+        self, event_id: str, kind: str, body_sha256: str, at: float, change: StateChange
+    ) -> bool:
+        stored = await super().apply_deploy(event_id, kind, body_sha256, at, change)
+        if stored and self.reconciler is not None:
+            await self.reconciler.tick()
+        return stored
+
+
+@pytest.mark.parametrize("kind", ["box.added", "box.removed"])
+def test_a_fleet_change_its_own_listener_applied_first_is_accepted_not_refused(url: str, kind: str) -> None:
+    """The receiver answered 422 "already registered ... send the corrected event with a new id" for an event
+    it had just applied, and the advised resend was refused again: a repeat-safe pipeline could not add a
+    box through that replica."""
+    engine, clock = FakeEngine((*BOX_IDS, "b5")), FakeClock()
+
+    async def scenario() -> tuple[DeployResult, Reconciler]:
+        store = SqlStore.from_url(url, now=clock.now)
+        coordination = ListenerFirst(store)
+        gate = ReplicaGate(ownership=SoleOwnership("solo"), coordination=coordination)
+        reconciler = Reconciler(
+            engine=engine,
+            store=store,
+            clock=clock,
+            boxes=boxes(*BOX_IDS),
+            profiles={"m": PROFILE},
+            agents={"sales": agent("sales")},
+            prefix_source=FakePrefixSource(),
+            replicas=gate,
+        )
+        coordination.reconciler = reconciler
+        await reconciler.tick()
+        service = DeployService(
+            store=store,
+            clock=clock,
+            config=WebhookConfig(
+                secrets=(SECRET,),
+                tolerance_seconds=300.0,
+                box_url_policy=BoxUrlPolicy(("http://10.0.9.*:8080",)),
+            ),
+            fleet=reconciler,
+            shared=coordination,
+        )
+        fields: dict[str, object] = (
+            {
+                "box": {
+                    "id": "b5",
+                    "base_url": "http://10.0.9.5:8080",
+                    "engine": "llamacpp",
+                    "model": "m",
+                    "slots": 2,
+                }
+            }
+            if kind == "box.added"
+            else {"box_id": "b4"}
+        )
+        body = json.dumps(
+            {"id": "ev-1", "kind": kind, "occurred_at": "2025-01-31T12:00:00Z", **fields}
+        ).encode()
+        result = await service.handle(body, sign_body(body, SECRET, int(clock.now())))
+        await reconciler.close()
+        return result, reconciler
+
+    result, reconciler = asyncio.run(scenario())
+    assert result.outcome is DeployOutcome.ACCEPTED, result.detail
+    fleet = sorted(reconciler.fleet())
+    assert fleet == (["b1", "b2", "b3", "b4", "b5"] if kind == "box.added" else ["b1", "b2", "b3"])

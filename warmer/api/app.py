@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm
+from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm, usage
 from warmer.api.observe import RequestMetricsMiddleware
 from warmer.api.services import ApiServices, Liveness, Readiness
 from warmer.api.storeerrors import store_unavailable
@@ -31,6 +31,7 @@ ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
     prewarm.router,
     campaigns.router,
     capacity.router,
+    usage.router,
     deploy.router,
 )
 

@@ -17,6 +17,7 @@ from warmer.api.auth import require_token
 from warmer.api.schemas import (
     UNAUTHORIZED,
     UNAVAILABLE,
+    BoxAdmission,
     BoxList,
     BoxReadiness,
     Problem,
@@ -100,6 +101,29 @@ def router(services: ApiServices) -> APIRouter:
         return JSONResponse(body, 200 if ready.ready else 503)
 
     @routes.get(
+        "/v1/boxes/{box_id}/admit",
+        summary="The admission gate for an engine pod's readiness probe or a gateway's health check: 200 "
+        "when the box is ready, or let in although not ready because holding it longer would be worse "
+        "(ready earlier in this engine epoch, held past [gate] max_hold_seconds, or holding it would hold "
+        "out too much of its model); 503 while it is held. `ready` in the body stays the truth. No token.",
+        responses={
+            200: described(BoxAdmission, "Let traffic in (`ready` and `release` say on what grounds)"),
+            404: described(BoxAdmission, "Unknown box"),
+            503: described(BoxAdmission, "Held: warming, within the gate's bounds"),
+        },
+    )
+    async def box_admit(box_id: str) -> JSONResponse:
+        try:
+            found = await queries().admit(box_id)
+        except StatusUnavailable as exc:  # nothing here can judge the box: fail open, as a probe must
+            return JSONResponse(_held(box_id, str(exc)) | {"admit": True, "release": "unjudged"}, 200)
+        if found is None:
+            return JSONResponse(_held(box_id, "unknown box"), 404)
+        body = {"box": box_id, "admit": found.admit, "ready": found.ready, "reason": found.reason,
+                "release": found.release, "reasons": list(found.reasons)}  # fmt: skip
+        return JSONResponse(body, 200 if found.admit else 503)
+
+    @routes.get(
         "/v1/routes",
         summary="Per agent: boxes where ITS prefix is verified warm, ramp weights",
         dependencies=protected,
@@ -117,3 +141,14 @@ def router(services: ApiServices) -> APIRouter:
         return JSONResponse({"routes": {agent.agent_id: _plain(agent) for agent in found}})
 
     return routes
+
+
+def _held(box_id: str, reason: str) -> dict[str, object]:
+    return {
+        "box": box_id,
+        "admit": False,
+        "ready": False,
+        "reason": reason,
+        "release": None,
+        "reasons": [reason],
+    }

@@ -75,6 +75,18 @@ class BoxReadiness(BaseModel):
     weight: float | None = None
 
 
+class BoxAdmission(BaseModel):
+    box: str
+    admit: bool = Field(description="What a readiness probe acts on: true = let traffic in.")
+    ready: bool = Field(description="The truth, as /v1/boxes/{id}/ready answers it.")
+    reason: str = Field(description="Why admitted or held.")
+    release: str | None = Field(
+        default=None,
+        description="Let in while not ready, by this rule: latched, held_too_long or share ([gate]).",
+    )
+    reasons: list[str] = Field(default_factory=list, description="Why not ready (empty when ready).")
+
+
 class RouteTable(BaseModel):
     routes: dict[str, AgentRoutes] = Field(description="Agent id -> its routes.")
 

@@ -23,6 +23,7 @@ from warmer.service.capacity import CapacityReport
 from warmer.service.deploy import DeployHandler
 from warmer.service.prewarm import PrewarmService
 from warmer.service.status import StatusQueries
+from warmer.service.usage import UsageService
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +70,4 @@ class ApiServices:
     requests: RequestObserver | None = None  # every request by route template (warmer_http_requests)
     liveness: Callable[[], Liveness] = always_alive  # must not raise; answers /healthz
     tracer_provider: TracerProvider | None = None  # traces every request when set (`[tracing]`)
+    usage: UsageService | None = None  # per-turn usage reports and turn 1 over them (POST/GET /v1/usage)

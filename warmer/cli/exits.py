@@ -30,3 +30,15 @@ def fail(code: Exit, message: str) -> NoReturn:
     """Print `message` on stderr and exit with `code`."""
     click.echo(message, err=True)
     sys.exit(code)
+
+
+class BadInput(click.ClickException):
+    """A file named on the command line cannot be read as what the command takes (`Exit.USAGE`)."""
+
+    exit_code = Exit.USAGE
+
+
+class Unavailable(click.ClickException):
+    """Something the command needs is not there or did not answer (`Exit.UNAVAILABLE`)."""
+
+    exit_code = Exit.UNAVAILABLE

@@ -1,4 +1,5 @@
-"""`warmer hitrate`: the cached share of prompt processing, from an SGLang log or an engine's /metrics."""
+"""`warmer hitrate`: the cached share of prompt processing, from an SGLang log, an engine's /metrics, or
+per-call usage records (`--calls`, `warmer.cli.calls`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,22 @@ from pathlib import Path
 import click
 import httpx
 
+from warmer.cli.calls import print_call_report, read_call_records
+from warmer.cli.chart import write_chart
 from warmer.cli.exits import Exit, fail
+from warmer.cli.prompts import fail_config, profile_of, tools_for
+from warmer.config.loader import load_config
+from warmer.core.agents import AgentSpec
+from warmer.core.call_report import (
+    DEFAULT_COVERAGE_OK,
+    DEFAULT_DEPTH_OK,
+    DEFAULT_TURN_BUCKETS,
+    CallUsageOptions,
+    analyze_call_usage,
+    call_usage_json,
+)
+from warmer.core.call_usage import RecordFields
+from warmer.core.errors import ConfigError
 from warmer.core.hitrate import (
     DEFAULT_HIT_RATE_THRESHOLD,
     DEFAULT_MIN_PREFILL_TOKENS,
@@ -25,6 +41,7 @@ from warmer.core.hitrate import (
     hit_rate_between,
 )
 from warmer.core.model import CacheStats, EngineKind
+from warmer.core.prefix import compute_stable_prefix
 from warmer.core.promtext import MetricsTextError, parse_prometheus_text
 from warmer.root.http import sync_http_client
 
@@ -104,12 +121,71 @@ def _scrape(client: httpx.Client, url: str, engine: EngineKind | None) -> tuple[
     return kind, cache_stats_from_samples(kind, samples)
 
 
+def _stable_shares(ctx: click.Context, agents_in_log: set[str]) -> dict[str, float]:
+    """warmer's own stable-prefix share of a turn-1 prompt, per agent of the log that the config (the group's
+    --config or WARMER_CONFIG) knows, computed offline as `warmer lint` does; none without a config."""
+    config_path = getattr(ctx.find_root().obj, "config_path", None)
+    if not isinstance(config_path, Path):
+        return {}
+    shares: dict[str, float] = {}
+    try:
+        loaded = load_config(config_path)
+        for agent_id in sorted(agents_in_log):
+            spec = loaded.agents.get(agent_id)
+            if not isinstance(spec, AgentSpec):
+                continue
+            render, tokenize = tools_for(ctx, profile_of(spec, loaded.profiles))
+            shares[agent_id] = compute_stable_prefix(spec, render, tokenize).stable_share
+    except ConfigError as exc:
+        fail_config(exc)
+    return shares
+
+
+def _report_calls(
+    ctx: click.Context,
+    path: Path,
+    *,
+    fields: RecordFields,
+    fmt: str,
+    options: CallUsageOptions,
+    chart: Path | None,
+    as_json: bool,
+) -> float | None:
+    """`--calls`: print the report (or its JSON), draw the chart when asked; the turn-1 hit rate."""
+    records = read_call_records(path, fields, None if fmt == "auto" else fmt)
+    report = analyze_call_usage(
+        records, stable_shares=_stable_shares(ctx, {r.agent for r in records if r.agent}), options=options
+    )
+    if chart is not None:
+        write_chart(chart, report, [r.cached_tokens for r in records if r.turn == 1])
+    if as_json:
+        click.echo(json.dumps(call_usage_json(report), indent=2))
+    else:
+        print_call_report(path, report, fields.group)
+        if chart is not None:
+            click.echo(f"chart: {chart}")
+    return report.turn1.hit_rate
+
+
+_CALLS_HELP = (
+    "Per-call usage records, JSON lines or CSV: call id, turn index (1 = first), a grouping column, and the "
+    "usage as the API answered it (OpenAI Chat Completions / Responses, Anthropic Messages, an engine's "
+    "OpenAI-compatible answer)."
+)
+
+
 @click.command("hitrate")
 @click.option(
     "--sglang-log",
     "log_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="SGLang server log: reads its `Prefill batch ... #new-token: N, #cached-token: M` lines.",
+)
+@click.option(
+    "--calls",
+    "calls_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help=_CALLS_HELP,
 )
 @click.option(
     "--min-tokens",
@@ -137,12 +213,63 @@ def _scrape(client: httpx.Client, url: str, engine: EngineKind | None) -> tuple[
     type=click.FloatRange(0, 1),
     default=DEFAULT_HIT_RATE_THRESHOLD,
     show_default=True,
-    help="Hit rate below which the result is flagged.",
+    help="Hit rate below which the result is flagged (with --calls: the turn-1 hit rate).",
 )
 @click.option("--fail-below", is_flag=True, help="Exit with status 1 when the hit rate is below --threshold.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option(
+    "--calls-format",
+    type=click.Choice(["auto", "jsonl", "csv"]),
+    default="auto",
+    show_default=True,
+    help="--calls file format (auto: csv for a .csv file, else JSON lines).",
+)
+@click.option("--call-field", "call", default="call_id", show_default=True, help="Call id field (dotted).")
+@click.option("--turn-field", "turn", default="turn", show_default=True, help="Turn index field, 1-based.")
+@click.option(
+    "--group-field", "group", default="direction", show_default=True, help="Field to group calls by."
+)
+@click.option("--agent-field", "agent", default="agent", show_default=True, help="Agent id field.")
+@click.option("--box-field", "box", default="box", show_default=True, help="Box (engine endpoint) field.")
+@click.option(
+    "--usage-field",
+    "usage",
+    default="usage",
+    show_default=True,
+    help="The usage object's field; records without it carry the usage keys at their top level.",
+)
+@click.option(
+    "--turn-buckets",
+    type=click.IntRange(min=1, max=100),
+    default=DEFAULT_TURN_BUCKETS,
+    show_default=True,
+    help="Turn rows to show; the last one is N+.",
+)
+@click.option(
+    "--depth-ok",
+    type=click.FloatRange(0, 1),
+    default=DEFAULT_DEPTH_OK,
+    show_default=True,
+    help="Stable-prefix share of a turn-1 prompt below which an agent has a depth problem.",
+)
+@click.option(
+    "--coverage-ok",
+    type=click.FloatRange(0, 1),
+    default=DEFAULT_COVERAGE_OK,
+    show_default=True,
+    help="Share of turn-1 requests reaching a warm cache below which an agent has a coverage problem.",
+)
+@click.option(
+    "--chart",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --calls: also write a PNG (hit rate by turn index, cached-token histogram); needs the "
+    "`charts` extra.",
+)
+@click.pass_context
 def hitrate(
+    ctx: click.Context,
     log_path: Path | None,
+    calls_path: Path | None,
     min_tokens: int,
     top: int,
     metrics_url: str | None,
@@ -151,16 +278,47 @@ def hitrate(
     threshold: float,
     fail_below: bool,
     as_json: bool,
+    calls_format: str,
+    call: str,
+    turn: str,
+    group: str,
+    agent: str,
+    box: str,
+    usage: str,
+    turn_buckets: int,
+    depth_ok: float,
+    coverage_ok: float,
+    chart: Path | None,
 ) -> None:
-    """Cached share of prompt processing, from an SGLang log or an engine's /metrics.
+    """Cached share of prompt processing, from an SGLang log, an engine's /metrics, or call records.
 
     With a log, prints the share over prefills of at least --min-tokens tokens and the distribution of
     cached tokens per prefill: a spike at one value far below the prompt length (e.g. exactly 1,024)
     means the prefix breaks there.
+
+    With --calls, prints the turn-1 hit rate; hit rate by turn index, by turns in the call, by
+    --group-field and by box; the cached tokens per turn-1 request with each agent's spike; and per agent
+    depth (the reusable share of the prompt: warmer's stable prefix when the --config knows the agent,
+    else the deepest turn-1 hit) against coverage (the share of turn-1 requests that reached a warm cache).
     """
-    if (log_path is None) == (metrics_url is None):
-        raise click.UsageError("give exactly one of --sglang-log or --metrics-url")
-    if log_path is not None:
+    if sum(source is not None for source in (log_path, metrics_url, calls_path)) != 1:
+        raise click.UsageError("give exactly one of --sglang-log, --metrics-url or --calls")
+    if chart is not None and calls_path is None:
+        raise click.UsageError("--chart goes with --calls")
+    if calls_path is not None:
+        rate = _report_calls(
+            ctx,
+            calls_path,
+            fields=RecordFields(call=call, turn=turn, group=group, agent=agent, box=box, usage=usage),
+            fmt=calls_format,
+            options=CallUsageOptions(
+                turn_buckets=turn_buckets, depth_ok=depth_ok, coverage_ok=coverage_ok, top=top
+            ),
+            chart=chart,
+            as_json=as_json,
+        )
+        below = rate is not None and rate < threshold
+    elif log_path is not None:
         with log_path.open(errors="replace") as lines:
             report = analyze_sglang_log(lines, min_tokens=min_tokens, top=top)
         data = _log_report_dict(report, threshold)

@@ -209,7 +209,9 @@ def lint_command(
             render, tokenize = tools_for(ctx, profile)
             stable = compute_stable_prefix(spec, render, tokenize, samples=samples)
             stables.append(stable)
-            results.append(lint_agent(spec, render, tokenize, samples=samples, stable=stable))
+            results.append(
+                lint_agent(spec, render, tokenize, samples=samples, stable=stable, provider=profile.provider)
+            )
             counts.append(_count_observation(ctx, stable, profile))
     except ConfigError as exc:
         fail_config(exc)

@@ -69,7 +69,9 @@ class BoxSettings(Section):
     base_url: str = Field(
         description="Engine root URL, e.g. http://10.0.0.5:30000 (no /v1). The only URLs warmer ever calls."
     )
-    engine: EngineKind = Field(description="Engine dialect: sglang, vllm, llamacpp or openai.")
+    engine: EngineKind = Field(
+        description="Engine dialect: sglang, vllm, llamacpp, openai; hosted APIs: openai-hosted, anthropic."
+    )
     model: str = Field(
         min_length=1, description="Name of a model profile (shipped, or a file `<models_dir>/<name>.toml`)."
     )
@@ -98,6 +100,14 @@ class BoxSettings(Section):
         default=None,
         description="The box's KV cache event stream (vLLM boxes only); unset: evictions are found by probe.",
     )
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description=(
+            "Hosted boxes (engine openai-hosted or anthropic): the name of the environment variable holding "
+            "the API key, e.g. OPENAI_API_KEY. The key itself is never written in the config nor logged."
+        ),
+    )
 
     @field_validator("base_url")
     @classmethod
@@ -108,6 +118,12 @@ class BoxSettings(Section):
     def _kv_events_on_vllm(self) -> BoxSettings:
         if self.kv_events is not None and self.engine is not EngineKind.VLLM:
             raise ValueError(f"kv_events is read from vllm boxes only, not {self.engine.value}")
+        if self.engine.hosted and self.api_key_env is None:
+            raise ValueError(
+                f"a {self.engine.value} box needs api_key_env (the variable holding its API key)"
+            )
+        if self.api_key_env is not None and not self.engine.hosted:
+            raise ValueError(f"api_key_env is for hosted boxes only, not {self.engine.value}")
         return self
 
 

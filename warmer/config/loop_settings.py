@@ -1,5 +1,5 @@
-"""How the daemon works its fleet: `[reconcile]`, `[engines]`, `[retry]`, `[hitrate]`, `[capacity]` and
-`[dialer]`."""
+"""How the daemon works its fleet: `[reconcile]`, `[engines]`, `[retry]`, `[hitrate]`, `[capacity]`,
+`[dialer]` and `[gate]`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from warmer.core.capacity import (
     DEFAULT_PREFIX_HEADROOM,
     PrefixBudgetPolicy,
 )
+from warmer.core.gate import GateConfig
 from warmer.core.model import EngineTimeouts, RetryPolicy
 
 
@@ -234,6 +235,27 @@ class HitRateSettings(Section):
     )
 
 
+class UsageSettings(Section):
+    window_records: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Turn records `POST /v1/usage` keeps in memory for `GET /v1/usage` and the turn-1 gauges; the "
+            "oldest leaves first. 10,000 is a few thousand calls: enough to judge an agent's first turns, "
+            "and a few MB at most (every label a record carries is at most 200 characters)."
+        ),
+    )
+    window_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description=(
+            "Records older than this leave the window, so the figures follow what the dialer sends now "
+            "(an hour spans a campaign's ramp without mixing yesterday in)."
+        ),
+    )
+
+
 class CapacitySettings(Section):
     safe_fraction: float = Field(
         default=0.6,
@@ -350,6 +372,16 @@ class DialerSettings(Section):
             "first turn that finds its prefix gone."
         ),
     )
+    call_hold_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds a call keeps sending its turns to the engine slot its pre-call answer named (llama.cpp "
+            "`id_slot`). Each of its turns overwrites that slot, so another prefix put there within this "
+            "time is probed (one cached request) before an answer vouches for it. A minute covers a voice "
+            "call of ~6 turns; 0 = never probe before answering."
+        ),
+    )
     volume_window_seconds: float = Field(
         default=60.0,
         gt=0,
@@ -370,3 +402,33 @@ class DialerSettings(Section):
         gt=0,
         description="Seconds between reads of `schedule_file`; well under any campaign lead time.",
     )
+
+
+class GateSettings(Section):
+    """The admission gate, `GET /v1/boxes/{id}/admit`: what an engine pod's readiness probe or a gateway's
+    health check should ask. `/v1/boxes/{id}/ready` stays the plain truth; the gate fails safe."""
+
+    max_hold_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description=(
+            "Longest a healthy box is held out of traffic while it warms, from its engine coming up "
+            "(seconds). Five minutes covers a restart warm-up and the prefixes of a large box; a box that "
+            "cannot verify in that time is let in with a warning, a gate_released event and the "
+            "warmer_box_gate_released metric, rather than kept out for ever. 0 = never hold."
+        ),
+    )
+    max_held_share: float = Field(
+        default=0.5,
+        ge=0,
+        lt=1,
+        description=(
+            "Share of a model's (and of a box group's) healthy boxes that may be held out at once "
+            "(0..1). At least one box of each is always let in, so a first deploy or a fleet restarting "
+            "together comes back box by box instead of draining the whole Service; the boxes held "
+            "longest are let in first. 0 = hold none (the gate is the engine's own health)."
+        ),
+    )
+
+    def config(self) -> GateConfig:
+        return GateConfig(max_hold_seconds=self.max_hold_seconds, max_held_share=self.max_held_share)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from warmer.config.settings import Problem, validation_problems
 from warmer.core.errors import ConfigError
+from warmer.core.hosted import ProviderCache
 from warmer.core.model import (
     ConstrainedRequest,
     EngineKind,
@@ -99,6 +100,30 @@ class RestartFile(_Table):
         )
 
 
+class ProviderFile(_Table):
+    """`[provider]`: a hosted model's prompt-cache rules and prices (engine `openai-hosted` or `anthropic`),
+    from the provider's documentation (see `warmer.core.hosted`). Prices per million input tokens."""
+
+    min_cacheable_tokens: int = Field(ge=1)
+    increment_tokens: int = Field(default=1, ge=1)
+    lifetime_seconds: float = Field(gt=0)
+    ttl: Literal["5m", "1h"] | None = None
+    input_price: float = Field(ge=0)
+    cache_write_price: float = Field(ge=0)
+    cache_read_price: float = Field(ge=0)
+
+    def to_core(self) -> ProviderCache:
+        return ProviderCache(
+            min_cacheable_tokens=self.min_cacheable_tokens,
+            increment_tokens=self.increment_tokens,
+            lifetime_seconds=self.lifetime_seconds,
+            input_price=self.input_price,
+            cache_write_price=self.cache_write_price,
+            cache_read_price=self.cache_read_price,
+            ttl=self.ttl,
+        )
+
+
 class ProfileFile(_Table):
     """The top level of a `models/<name>.toml` file."""
 
@@ -119,9 +144,14 @@ class ProfileFile(_Table):
     tokenizer_file: str | None = Field(default=None, min_length=1)
     bos_token: str = _PROFILE.bos_token
     eos_token: str = _PROFILE.eos_token
+    provider: ProviderFile | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ProfileFile:
+        if self.engine.hosted != (self.provider is not None):
+            raise ValueError("a [provider] table goes with engine openai-hosted or anthropic, and only there")
+        if self.provider is not None and self.keepalive_seconds >= self.provider.lifetime_seconds:
+            raise ValueError("keepalive_seconds must be shorter than provider.lifetime_seconds")
         if self.chat_template is not None and self.chat_template_file is not None:
             raise ValueError("give chat_template or chat_template_file, not both")
         if self.block_tokens > self.context_length:
@@ -190,6 +220,7 @@ def load_profile(path: Path) -> ModelProfile:
         eos_token=parsed.eos_token,
         keepalive_seconds=parsed.keepalive_seconds,
         prefill_tokens_per_second=parsed.prefill_tokens_per_second,
+        provider=None if parsed.provider is None else parsed.provider.to_core(),
     )
 
 

@@ -30,9 +30,11 @@ from warmer.config.loop_settings import (
     CapacitySettings,
     DialerSettings,
     EngineSettings,
+    GateSettings,
     HitRateSettings,
     ReconcileSettings,
     RetrySettings,
+    UsageSettings,
 )
 from warmer.config.server_settings import (
     ApiSettings,
@@ -76,11 +78,17 @@ class Settings(BaseSettings):
     dialer: DialerSettings = Field(
         default_factory=DialerSettings, description="Pre-call API bound and campaign schedule."
     )
+    usage: UsageSettings = Field(
+        default_factory=UsageSettings, description="Per-turn usage reports (POST/GET /v1/usage): the window."
+    )
     capacity: CapacitySettings = Field(
         default_factory=CapacitySettings, description="Prefill budget per agent group (GET /v1/capacity)."
     )
     replicas: ReplicaSettings = Field(
         default_factory=ReplicaSettings, description="Box leases between replicas on one PostgreSQL."
+    )
+    gate: GateSettings = Field(
+        default_factory=GateSettings, description="The admission gate for readiness probes (/admit)."
     )
 
     @classmethod

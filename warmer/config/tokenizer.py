@@ -22,6 +22,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 from warmer.core.chat_template import ChatTemplate
 from warmer.core.errors import ConfigError
+from warmer.core.hosted import render_request
 from warmer.core.model import ModelProfile
 from warmer.core.prefix import RenderFn, TokenizeFn
 
@@ -47,7 +48,10 @@ def load_tokenizer(path: Path) -> TokenizeFn:
 
 
 def offline_renderer(profile: ModelProfile) -> RenderFn:
-    """The profile's chat template, rendered like `apply_chat_template(..., add_generation_prompt=True)`."""
+    """The profile's chat template, rendered like `apply_chat_template(..., add_generation_prompt=True)`; a
+    hosted model's request form (`warmer.core.hosted.render_request`), whose whole lines the box warms."""
+    if profile.engine.hosted:
+        return render_request
     if not profile.chat_template:
         raise ConfigError(
             [(f"profiles.{profile.name}.chat_template", "needed to render offline (or use an engine)")]

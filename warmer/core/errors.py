@@ -58,6 +58,11 @@ class CacheFieldMissing(MalformedResponse):
     """The body lacks the field that reports cached tokens (e.g. a server flag is off)."""
 
 
+class ImplausibleReport(EngineError):
+    """The engine's report cannot be true of what was sent (e.g. cached tokens of a prompt made up this
+    moment): its cache reports are not evidence of anything."""
+
+
 class NotSupported(EngineError):
     """The engine kind cannot do this (e.g. tokenize chat messages); fall back to local rendering."""
 

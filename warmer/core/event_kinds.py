@@ -25,6 +25,7 @@ class EventKind(StrEnum):
     EPOCH_CHANGED = "epoch_changed"
     RESTART_WARMUP = "restart_warmup"
     BOX_READY = "box_ready"
+    GATE_RELEASED = "gate_released"  # the admission gate let a box in that is not ready (latch, bound, share)
     # warm state
     WARM_TRANSITION = "warm_transition"
     WARM_DROPPED = "warm_dropped"  # a record that died with its process (a new epoch)

@@ -132,7 +132,8 @@ class SglangLogReport:
         return self.cached_tokens / total if total else None
 
 
-def _buckets(values: Iterable[int]) -> tuple[Bucket, ...]:
+def cached_token_buckets(values: Iterable[int]) -> tuple[Bucket, ...]:
+    """Counts per power-of-two range of cached tokens ([0, 1) holds the zero hits)."""
     counts: Counter[int] = Counter()
     for value in values:
         counts[0 if value == 0 else value.bit_length()] += 1
@@ -143,17 +144,20 @@ def _buckets(values: Iterable[int]) -> tuple[Bucket, ...]:
     return tuple(out)
 
 
-def _find_spike(
-    counted: Sequence[PrefillLine], *, min_share: float, min_count: int, broken_below: float
+def find_spike(
+    counted: Sequence[tuple[int, int]], *, min_share: float, min_count: int, broken_below: float
 ) -> CachedTokenSpike | None:
-    nonzero = Counter(p.cached_tokens for p in counted if p.cached_tokens > 0)
+    """The most common non-zero cached count among (prompt tokens, cached tokens) pairs, when it holds at
+    least `min_share` of them and `min_count` in all; suspicious when it covers less than `broken_below` of
+    those prompts. Shared by the SGLang log report and the call-record report (`warmer.core.call_report`)."""
+    nonzero = Counter(cached for _, cached in counted if cached > 0)
     if not nonzero or not counted:
         return None
     value, count = max(nonzero.items(), key=lambda item: (item[1], -item[0]))
     share = count / len(counted)
     if count < min_count or share < min_share:
         return None
-    prompts = [p.prompt_tokens for p in counted if p.cached_tokens == value]
+    prompts = [prompt for prompt, cached in counted if cached == value]
     median_prompt = float(statistics.median(prompts))
     fraction = value / median_prompt if median_prompt else 1.0
     return CachedTokenSpike(
@@ -208,9 +212,12 @@ def analyze_sglang_log(
         zero_hit_prefills=values.get(0, 0),
         multi_seq_batches=sum(1 for p in counted if p.new_seqs > 1),
         top_values=tuple(ValueCount(value, count, count / total) for value, count in ranked),
-        buckets=_buckets(p.cached_tokens for p in counted),
-        spike=_find_spike(
-            counted, min_share=spike_min_share, min_count=spike_min_count, broken_below=broken_below
+        buckets=cached_token_buckets(p.cached_tokens for p in counted),
+        spike=find_spike(
+            [(p.prompt_tokens, p.cached_tokens) for p in counted],
+            min_share=spike_min_share,
+            min_count=spike_min_count,
+            broken_below=broken_below,
         ),
     )
 

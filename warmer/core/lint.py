@@ -7,6 +7,9 @@ value sits, what that position costs per call, concrete advice, and values in st
 Tokenizer drift, reported with these findings, is `warmer.core.tokenizer_drift`.
 
 Pure: the renderer and tokenizer are injected.
+
+Size: every finding compares the layouts computed once per agent here (as written, values frozen, ideal,
+and for a hosted model the provider's floor against them); apart, each part would recompute them.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Literal
 from warmer.core.agent_requests import build_request, sample_values, with_values_frozen_in_static
 from warmer.core.agents import AgentSpec, DynamicTail, PlaceholderSite, placeholder_sites
 from warmer.core.errors import ConfigError
+from warmer.core.hosted import ProviderCache, warmable_tokens
 from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
 
 Severity = Literal["error", "warning", "info"]
@@ -228,6 +232,7 @@ def lint_agent(
     *,
     samples: int = 3,
     stable: StablePrefix | None = None,
+    provider: ProviderCache | None = None,
 ) -> AgentLint:
     """Compute the stable prefix (unless given), compare it with the ideal layout, and explain the gap.
 
@@ -235,6 +240,9 @@ def lint_agent(
     static: a tail appended to the system text comes before what a template renders after the system
     message (tool definitions in many tool-calling templates, the few-shot messages always), so there
     the ideal renders the tail as its own final message instead.
+
+    `provider`: the agent's model is a hosted API's (`warmer.core.hosted`), whose floor decides whether the
+    prefix warms anything at all.
     """
     stable = stable or compute_stable_prefix(spec, render, tokenize, samples=samples)
     layouts = _layouts(spec, stable, render, tokenize, samples)
@@ -247,6 +255,8 @@ def lint_agent(
     tools_cost = tool_token_cost(spec, render, tokenize)
     site = stable.first_dynamic_site
     findings = _layout_findings(spec, layouts, ideal_tokens, tools_cost) + scan_static_text(spec)
+    if provider is not None:
+        findings += _floor_findings(stable, layouts.ideal, provider, tokenize)
     return AgentLint(
         agent=spec.id,
         model=spec.model,
@@ -264,6 +274,36 @@ def lint_agent(
         tool_tokens=tools_cost,
         ideal_placement=layouts.ideal_placement,
     )
+
+
+def _floor_findings(
+    stable: StablePrefix, ideal: StablePrefix, provider: ProviderCache, tokenize: TokenizeFn
+) -> list[Finding]:
+    """A prefix below the provider's minimum cacheable length warms nothing: no partial hit, zero."""
+    warmable = warmable_tokens(stable.text, stable.token_count, tokenize)
+    floor = provider.min_cacheable_tokens
+    if warmable >= floor:
+        return []
+    best = warmable_tokens(ideal.text, ideal.token_count, tokenize)
+    fixable = best >= floor
+    advice = (
+        f"move the per-call values to the dynamic tail: {best} tokens would then be warmable"
+        if fixable
+        else "nothing to gain from warming this agent on this provider unless its static prompt grows"
+    )
+    return [
+        Finding(
+            code="below-provider-cache-floor",
+            severity="error" if fixable else "warning",
+            message=(
+                f"the stable prefix a hosted box can warm is {warmable} tokens (by this profile's tokenizer),"
+                f" below the provider's minimum cacheable length of {floor}: warming it caches nothing"
+            ),
+            location="the spec",
+            advice=advice,
+            places=(SpecPlace("spec"),),
+        )
+    ]
 
 
 _OWN_MESSAGE = 'render the dynamic tail as its own message: set [dynamic] placement = "message"'

@@ -7,12 +7,22 @@ import functools
 import hashlib
 from dataclasses import dataclass, field, replace
 
+from warmer.core.hosted import ProviderCache
+
 
 class EngineKind(enum.StrEnum):
     SGLANG = "sglang"
     VLLM = "vllm"
     LLAMACPP = "llamacpp"
     OPENAI = "openai"
+    # Hosted APIs (`warmer.core.hosted`): a provider endpoint is a box; its profile has a [provider] table.
+    OPENAI_HOSTED = "openai-hosted"
+    ANTHROPIC = "anthropic"
+
+    @property
+    def hosted(self) -> bool:
+        """A hosted provider's API, not an engine warmer can address process by process."""
+        return self in (EngineKind.OPENAI_HOSTED, EngineKind.ANTHROPIC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +110,8 @@ class ModelProfile:
     keepalive_seconds: float = 240.0  # touch a warm prefix again this often (just under eviction)
     # Uncached prompt tokens/s one box computes at full load; None = measure it (restart long prefill).
     prefill_tokens_per_second: float | None = None
+    # A hosted model's cache rules and prices (engine kinds `openai-hosted`, `anthropic`); None for engines.
+    provider: ProviderCache | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +124,9 @@ class CacheLayout:
     source: str = ""  # where the numbers came from, for outcomes and logs
     # Data-parallel ranks behind the box's one URL, each with its own cache (SGLang --dp-size)
     data_parallel_ranks: int = 1
+    # The server counts tokens its own way (a hosted provider's private tokenizer and request rendering):
+    # warmer's count of the prefix is an estimate, so the server's count of the prefix sent alone is the bar.
+    counts_own_tokens: bool = False
 
     def __post_init__(self) -> None:
         for name in ("page_tokens", "mamba_chunk_tokens", "data_parallel_ranks"):

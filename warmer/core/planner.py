@@ -26,6 +26,7 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from warmer.core.hosted import keep_warm_decision
 from warmer.core.model import BoxSpec, Campaign, ModelProfile, WarmRecord, WarmState
 from warmer.core.plan_actions import (
     AbandonWarm,
@@ -124,6 +125,11 @@ class Desired:
     campaigns: Sequence[Campaign] = ()
     precall: frozenset[str] = frozenset()  # agents with a pending pre-call ask
     last_activity: Mapping[str, float] = field(default_factory=dict)
+    # the boxes placement could give agents to when this was built (None: not tracked). A box outside
+    # it has nothing assigned *yet* (it was restarting), which is not the same as needing nothing.
+    placed: frozenset[str] | None = None
+    # agent -> calls per minute (campaigns, pre-call asks): what keeping warm on a hosted box pays
+    calls_per_minute: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +210,27 @@ class WantedPrefix:
     prefix: PrefixRef
     reason: WarmReason
     agent_ids: list[str]
+    touch: bool = True  # False: on a hosted box the calls alone keep it warm, keepalive touches only cost
+
+
+def hosted_touch(desired: Desired, agent_id: str, box_id: str, reason: WarmReason) -> bool | None:
+    """For an agent on a hosted provider's box (`warmer.core.hosted`): True to warm its prefix and keep it
+    warm, False to warm it without keepalive touches (its calls keep it warm), None to leave it cold
+    (touches would cost more than the misses they save, or it is below the provider's floor). A pending
+    pre-call ask is always warmed; engine boxes always True."""
+    box = desired.boxes.get(box_id)
+    profile = desired.profiles.get(box.model) if box is not None else None
+    if profile is None or profile.provider is None or reason is WarmReason.PRECALL:
+        return True
+    decision = keep_warm_decision(
+        profile.provider,
+        prefix_tokens=desired.agents[agent_id].tokens,
+        calls_per_minute=desired.calls_per_minute.get(agent_id, 0.0),
+        touch_seconds=min(profile.keepalive_seconds, 0.99 * profile.provider.lifetime_seconds),
+    )
+    if decision.keep:
+        return True
+    return False if decision.verdict == "calls_keep_it_warm" else None
 
 
 def wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[str, dict[str, WantedPrefix]]:
@@ -212,11 +239,15 @@ def wanted_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[st
     for agent_id, reason in active.items():
         prefix = desired.agents[agent_id]
         for box_id in desired.assignment.get(agent_id, ()):
+            touch = hosted_touch(desired, agent_id, box_id, reason)
+            if touch is None:
+                continue
             per_box = wanted.setdefault(box_id, {})
             want = per_box.get(prefix.hash)
             if want is None:
-                per_box[prefix.hash] = WantedPrefix(prefix, reason, [agent_id])
+                per_box[prefix.hash] = WantedPrefix(prefix, reason, [agent_id], touch)
             else:
+                want.touch = want.touch or touch
                 want.agent_ids.append(agent_id)
                 if _REASON_RANK[reason] < _REASON_RANK[want.reason]:
                     want.reason = reason
@@ -293,8 +324,11 @@ def _wants_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[st
         group = assignment.get(agent_id)
         if not group:
             continue
+        touch = hosted_touch(desired, agent_id, group[0], reason)  # a group is one model's boxes
+        if touch is None:
+            continue
         prefix = agents[agent_id]
-        mine = WantedPrefix(prefix, reason, [agent_id])
+        mine = WantedPrefix(prefix, reason, [agent_id], touch)
         for box_id in group:
             per_box = wanted.get(box_id)
             if per_box is None:
@@ -305,7 +339,8 @@ def _wants_by_box(desired: Desired, active: Mapping[str, WarmReason]) -> dict[st
                 per_box[prefix.hash] = mine
             else:
                 better = reason if _REASON_RANK[reason] < _REASON_RANK[want.reason] else want.reason
-                per_box[prefix.hash] = WantedPrefix(want.prefix, better, [*want.agent_ids, agent_id])
+                merged = [*want.agent_ids, agent_id]
+                per_box[prefix.hash] = WantedPrefix(want.prefix, better, merged, want.touch or touch)
     return wanted
 
 
@@ -441,7 +476,10 @@ def _bookkeeping(
             elif prefix_hash not in busy and now - held.updated_at >= config.warming_timeout_seconds:
                 actions.append(AbandonWarm(box_id, epoch, prefix_hash, "warm in flight was lost"))
         elif prefix_hash not in wants and held.state in (WarmState.WARM, WarmState.STALE):
-            actions.append(Retire(box_id, epoch, prefix_hash, "not kept warm here: idle or moved"))
+            why = "not kept warm here: idle or moved"
+            if view.profile.provider is not None:
+                why += ", or too few calls for keepalive touches to cost less than the misses they save"
+            actions.append(Retire(box_id, epoch, prefix_hash, why))
     return actions
 
 
@@ -473,7 +511,8 @@ def _candidates(
         if state not in (WarmState.WARM, WarmState.STALE):
             continue  # warming (handled above) or failed within its backoff
         verified = record.verified_at
-        if state is WarmState.STALE or (verified is not None and now >= verified + not_due_before):
+        due_check = state is WarmState.STALE or (verified is not None and now >= verified + not_due_before)
+        if want.touch and due_check:  # no touches for a hosted prefix its own calls keep warm: they only cost
             due = keepalive_due_at(record, view.profile, config)
             if state is WarmState.STALE or (due is not None and now >= due):
                 touch = (_REASON_RANK[WarmReason.KEEPALIVE], due or 0.0, prefix_hash, _Kind.TOUCH, want, True)

@@ -36,6 +36,9 @@ def box_ready(
         routing = desired.routing if desired.routing is not None else desired.assignment
         if not any(box_id in group for group in routing.values()):
             return BoxReadiness(False, ("drained for a rollout",), None)
+    elif desired.placed is not None and box_id not in desired.placed:
+        # warmed up since placement last looked: its agents are still elsewhere, not needless here
+        return BoxReadiness(False, ("waiting for placement",), None)
     since = seen.warmup_finished_at
     wants = wanted_by_box(desired, active_agents(desired, now, config)).get(box_id, {})
     reasons: list[str] = []

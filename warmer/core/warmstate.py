@@ -127,6 +127,24 @@ def is_verified(prefix_tokens: int, cached_tokens: int, block_tokens: int = 1) -
 SPECIAL_TOKENS_ALLOWANCE = 2
 
 
+# A prompt made up this moment (a fresh nonce first) can share only its first few tokens with anything an
+# engine holds: BOS and a template's specials, the space a SentencePiece tokenizer prefixes, one first
+# character that happens to match (llama.cpp with a byte vocabulary: at most 4).
+NOVEL_PROMPT_CACHED_ALLOWANCE = 8
+
+
+def novel_prompt_contradiction(prompt_tokens: int, cached_tokens: int) -> str | None:
+    """Why a report of cached tokens for a prompt warmer made up this moment cannot be true, else None: an
+    engine that claims a hit there claims hits it does not have (it answers "cached" for everything), and
+    none of its cache reports can verify a warm."""
+    if cached_tokens <= NOVEL_PROMPT_CACHED_ALLOWANCE:
+        return None
+    return (
+        f"claims {cached_tokens} of {prompt_tokens} tokens cached for a prompt made up this moment "
+        f"(at most {NOVEL_PROMPT_CACHED_ALLOWANCE} can be): its cache reports are not believed"
+    )
+
+
 def suffix_token_ceiling(suffix: str) -> int:
     """The most tokens an engine can make of `suffix`: with byte fallback a tokenizer emits at most one
     token per byte, and SentencePiece first turns each space into U+2581 (3 bytes) and may prepend one,

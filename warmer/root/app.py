@@ -26,7 +26,7 @@ from warmer.config.fleet_settings import GatewaySettings
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec
 from warmer.core.model import BoxSpec, ModelProfile
-from warmer.root.capacity import OfflineCallTokens, capacity_config, run_capacity_gauges
+from warmer.root.capacity import OfflineStablePrefixes, capacity_config, run_capacity_gauges
 from warmer.root.database import (
     DatabaseLocker,
     DatabasePreparer,
@@ -56,6 +56,7 @@ from warmer.service.prewarm import CallVolumeMeter
 from warmer.service.reconciler import Reconciler
 from warmer.service.restart_warmup import RestartWarmup
 from warmer.service.status import StatusService
+from warmer.service.usage import UsageService, UsageWindowConfig
 
 # How long /readyz waits for the database to answer before calling it unreachable (seconds).
 READINESS_DB_TIMEOUT_SECONDS = 2.0
@@ -147,6 +148,16 @@ class Daemon:
             settings, agents=self.agents.keys, store=store, reconciler=reconciler, meter=meter
         )
         monitor = self._hitrate_monitor(reconciler) if self.has_fleet else None
+        # Stable prefixes computed offline as `warmer lint` does: capacity's per-call tokens, usage's depth.
+        stable = OfflineStablePrefixes(lambda: self.agents, self.profiles)
+        usage = UsageService(
+            clock=clock,
+            agents=self.agents.keys,
+            boxes=lambda: reconciler.fleet().keys(),
+            stable_share=stable.stable_share,
+            config=UsageWindowConfig(settings.usage.window_records, settings.usage.window_seconds),
+        )
+        self.metrics.usage.attach(usage.report)
         capacity = CapacityService(
             snapshot=reconciler.snapshot,
             usage=monitor,
@@ -155,7 +166,7 @@ class Daemon:
             store=store,
             clock=clock,
             config=capacity_config(settings),
-            per_call_tokens=OfflineCallTokens(lambda: self.agents, self.profiles),
+            per_call_tokens=stable.call_tokens,
             observer=self.metrics.capacity,
         )
         self._api = create_app(
@@ -183,6 +194,7 @@ class Daemon:
                 requests=self.metrics.http,
                 liveness=functools.partial(self.liveness, reconciler),
                 tracer_provider=self.tracing,
+                usage=usage,
             )
         )
 

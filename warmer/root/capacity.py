@@ -15,7 +15,7 @@ from warmer.config.tokenizer import offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError, WarmerError
 from warmer.core.model import ModelProfile
-from warmer.core.prefix import compute_stable_prefix
+from warmer.core.prefix import StablePrefix, compute_stable_prefix
 from warmer.ports import Clock
 from warmer.service.capacity import CapacityConfig, CapacityService
 from warmer.service.periodic import every_period
@@ -29,17 +29,16 @@ def capacity_config(settings: Settings) -> CapacityConfig:
     )
 
 
-class OfflineCallTokens:
-    """Uncached tokens of an agent's turn-1 prompt on a warm box (turn-1 prompt minus its stable prefix),
-    computed offline like `warmer lint` and cached per spec content. None when the profile cannot render
-    offline or the agent is not configured here."""
+class OfflineStablePrefixes:
+    """An agent's stable prefix computed offline like `warmer lint` (and `warmer hitrate --calls`), cached per
+    spec content. None when the profile cannot render offline or the agent is not configured here."""
 
     def __init__(self, agents: Callable[[], Mapping[str, AgentSpec]], profiles: Mapping[str, ModelProfile]):
         self._agents = agents
         self._profiles = profiles
-        self._known: dict[str, int | None] = {}
+        self._known: dict[str, StablePrefix | None] = {}
 
-    async def __call__(self, agent_id: str) -> int | None:
+    async def __call__(self, agent_id: str) -> StablePrefix | None:
         spec = self._agents().get(agent_id)
         if spec is None:
             return None
@@ -47,15 +46,24 @@ class OfflineCallTokens:
             self._known[spec.spec_hash] = await asyncio.to_thread(self._compute, spec)
         return self._known[spec.spec_hash]
 
-    def _compute(self, spec: AgentSpec) -> int | None:
+    def _compute(self, spec: AgentSpec) -> StablePrefix | None:
         profile = self._profiles.get(spec.model)
         if profile is None:
             return None
         try:
-            stable = compute_stable_prefix(spec, offline_renderer(profile), offline_tokenizer(profile))
+            return compute_stable_prefix(spec, offline_renderer(profile), offline_tokenizer(profile))
         except ConfigError:
             return None
-        return max(1, stable.turn1_prompt_tokens - stable.token_count)
+
+    async def call_tokens(self, agent_id: str) -> int | None:
+        """Uncached tokens of the agent's turn-1 prompt on a warm box (turn-1 prompt minus its prefix)."""
+        stable = await self(agent_id)
+        return None if stable is None else max(1, stable.turn1_prompt_tokens - stable.token_count)
+
+    async def stable_share(self, agent_id: str) -> float | None:
+        """The prefix's share of the agent's turn-1 prompt: its depth."""
+        stable = await self(agent_id)
+        return None if stable is None else stable.stable_share
 
 
 async def run_capacity_gauges(

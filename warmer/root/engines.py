@@ -7,17 +7,20 @@ one-off CLI commands talk to engines the same way, and only to registered boxes.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterable, Mapping
 
 import httpx
 
 from warmer.adapters.engines.dispatch import EngineDispatcher
+from warmer.adapters.engines.hosted import AnthropicEngine, OpenAIHostedEngine
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.adapters.engines.sglang import SglangEngine
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.config.settings import Settings
+from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile
 from warmer.ports import EnginePort
 from warmer.root.http import http_client
@@ -45,6 +48,27 @@ def engine_http_client(
     return http_client(timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect), transport=transport)
 
 
+def hosted_api_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Box id -> API key of every hosted box, read from the variable its `api_key_env` names. A variable
+    that is unset or empty is a ConfigError naming the field (never the value)."""
+    env = os.environ if environ is None else environ
+    keys: dict[str, str] = {}
+    problems: list[tuple[str, str]] = []
+    for index, box in enumerate(settings.fleet.boxes):
+        if box.api_key_env is None:
+            continue
+        value = env.get(box.api_key_env, "").strip()
+        if value:
+            keys[box.id] = value
+        else:
+            problems.append(
+                (f"fleet.boxes[{index}].api_key_env", f"environment variable {box.api_key_env} is unset")
+            )
+    if problems:
+        raise ConfigError(problems)
+    return keys
+
+
 def build_engine_dispatcher(
     settings: Settings,
     client: httpx.AsyncClient,
@@ -64,4 +88,11 @@ def build_engine_dispatcher(
             client, timeouts=timeouts, retry=retry, served_models=served
         ),
     }
+    if any(box.api_key_env is not None for box in settings.fleet.boxes):
+        keys, known = hosted_api_keys(settings), profiles or {}
+        for kind, adapter in (
+            (EngineKind.OPENAI_HOSTED, OpenAIHostedEngine),
+            (EngineKind.ANTHROPIC, AnthropicEngine),
+        ):
+            engines[kind] = adapter(client, profiles=known, api_keys=keys, timeouts=timeouts, retry=retry)
     return EngineDispatcher(engines, boxes=boxes)

@@ -7,13 +7,16 @@ what this daemon registered. Features add their counters and gauges as attribute
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 import warmer
+from warmer.core.call_report import CallUsageReport
 from warmer.core.capacity import AgentCapacity, BoxCapacity
 from warmer.service.gateway_sync import SyncOutcome
 from warmer.service.reconciler.types import BoxSeen
@@ -51,6 +54,7 @@ class Metrics:
         self.gateway = GatewaySyncMetrics(self.registry)
         self.hitrate = HitRateMetrics(self.registry)
         self.capacity = CapacityMetrics(self.registry)
+        self.usage = UsageMetrics(self.registry)
         self.http = HttpMetrics(self.registry)
 
 
@@ -150,6 +154,15 @@ class ReconcileMetrics:
             ["agent", "model"],
             registry=registry,
         )
+        self.gate_released_state = Gauge(
+            "warmer_box_gate_released",
+            "1 while the admission gate (/v1/boxes/{id}/admit) lets the box in although it is not ready, "
+            "by rule: latched (ready earlier in this engine epoch), held_too_long ([gate] max_hold_seconds), "
+            "share (holding it would hold out too much of its model or group).",
+            ["box", "rule"],
+            registry=registry,
+        )
+        self._released_labels: set[tuple[str, str]] = set()
         self.tokenizer_drifts = Counter(
             "warmer_tokenizer_drift",
             "Tokenizer drift findings raised, per model (one per agent prefix that drifted).",
@@ -203,6 +216,14 @@ class ReconcileMetrics:
             self.box_agent_warm.labels(box=box_id, agent=agent_id).set(1 if is_warm else 0)
         self._ready_labels = set(ready)
         self._warm_labels = set(agent_warm)
+
+    def gate_released(self, released: Mapping[str, str]) -> None:
+        labels = set(released.items())
+        for box_id, rule in self._released_labels - labels:
+            self.gate_released_state.remove(box_id, rule)
+        for box_id, rule in labels:
+            self.gate_released_state.labels(box=box_id, rule=rule).set(1)
+        self._released_labels = labels
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         self.tokenizer_drift_ratio.labels(agent=agent_id, model=model).set(change)
@@ -395,6 +416,58 @@ class CapacityMetrics:
             self.agent_budget.labels(agent=agent.agent_id).set(_value(agent.budget_tokens_per_second))
             self.agent_headroom.labels(agent=agent.agent_id).set(_value(agent.headroom_tokens_per_second))
             self.agent_calls.labels(agent=agent.agent_id).set(_value(agent.calls_per_minute))
+
+
+class UsageMetrics(Collector):
+    """Turn 1 over the window of usage the dialer reports (`POST /v1/usage`), computed at scrape time from
+    the same report `GET /v1/usage` answers, so the two never disagree. Agents and boxes are the fleet's
+    (the service refuses others), and only those in the window have series; unknown figures are NaN."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._report: Callable[[], CallUsageReport] | None = None
+        registry.register(self)
+
+    def attach(self, report: Callable[[], CallUsageReport]) -> None:
+        """The usage service's report (the daemon attaches it once built)."""
+        self._report = report
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        agent_hit = GaugeMetricFamily(
+            "warmer_agent_turn1_cache_hit_ratio",
+            "Cached share of the prompt tokens of each agent's first turns in the usage window (POST "
+            "/v1/usage); about depth x coverage.",
+            labels=["agent"],
+        )
+        depth = GaugeMetricFamily(
+            "warmer_agent_prefix_depth_ratio",
+            "Reusable share of the agent's turn-1 prompt: warmer's stable prefix, else the deepest turn-1 "
+            "hit in the usage window.",
+            labels=["agent"],
+        )
+        coverage = GaugeMetricFamily(
+            "warmer_agent_turn1_coverage_ratio",
+            "Share of the agent's first turns in the usage window that reached a cache holding its prefix.",
+            labels=["agent"],
+        )
+        box_hit = GaugeMetricFamily(
+            "warmer_box_turn1_cache_hit_ratio",
+            "Cached share of the prompt tokens of the first turns that ran on each box (usage window).",
+            labels=["box"],
+        )
+        window = GaugeMetricFamily(
+            "warmer_usage_window_records", "LLM turns in the usage window (POST /v1/usage)."
+        )
+        report = self._report() if self._report is not None else None
+        if report is not None:
+            for split in report.agents:
+                if split.agent:
+                    agent_hit.add_metric([split.agent], _value(split.turn1_hit_rate))
+                    depth.add_metric([split.agent], _value(split.depth))
+                    coverage.add_metric([split.agent], _value(split.coverage))
+            for box in report.by_box:
+                box_hit.add_metric([box.label], _value(box.hit_rate))
+        window.add_metric([], 0 if report is None else report.records)
+        yield from (agent_hit, depth, coverage, box_hit, window)
 
 
 class HttpMetrics:

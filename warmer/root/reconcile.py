@@ -47,9 +47,11 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         precall_hold_seconds=settings.dialer.precall_hold_seconds,
         precall_lend_seconds=settings.dialer.precall_lend_seconds,
         precall_protect_seconds=settings.dialer.precall_protect_seconds,
+        precall_call_hold_seconds=settings.dialer.call_hold_seconds,
         health_slow_polls_allowed=loop.health_slow_polls_allowed,
         capacity_poll_seconds=settings.capacity.prefix_poll_seconds,
         prefix_budget=settings.capacity.prefix_budget(),
+        gate=settings.gate.config(),
     )
 
 

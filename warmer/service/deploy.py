@@ -222,7 +222,7 @@ class DeployService:
                 )
             if not problems:
                 try:
-                    detail = await self._apply(event, spec, control, store, now)
+                    detail = await self._apply(event, spec, control, store, now, stored=change is not None)
                 except StoreError:
                     raise  # the database, not the event: answered as unavailable
                 except WarmerError as exc:  # the fleet changed between the checks and the act
@@ -305,9 +305,20 @@ class DeployService:
         return problems
 
     async def _apply(
-        self, event: DeployEvent, spec: AgentSpec | None, control: FleetControl, store: StorePort, now: float
+        self,
+        event: DeployEvent,
+        spec: AgentSpec | None,
+        control: FleetControl,
+        store: StorePort,
+        now: float,
+        *,
+        stored: bool = False,
     ) -> dict[str, object]:
-        """Carry the event out; returns what the event log line should say about it."""
+        """Carry the event out; returns what the event log line should say about it.
+
+        `stored`: the change is shared state this replica just wrote. Its own change listener may apply
+        the stored change before this line runs (several replicas on PostgreSQL), so a fleet that already
+        shows exactly this change is this event applied, not a conflict."""
         if isinstance(event, AgentPromptChanged):
             assert spec is not None
             control.stage_prompt(spec)
@@ -336,6 +347,8 @@ class DeployService:
             return {"box_ids": list(event.box_ids), "epoch_tag": tag}
         if isinstance(event, BoxAdded):
             box = event.box_spec(self._config.default_slots)
+            if stored and control.fleet().get(box.id) == box:
+                return {"box_id": box.id, "base_url": box.base_url}
             before = list(control.fleet().values())
             self._fleet_changed([*before, box])  # the engine client may call it before the first poll
             try:
@@ -345,7 +358,11 @@ class DeployService:
                 raise
             return {"box_id": box.id, "base_url": box.base_url}
         assert isinstance(event, BoxRemoved)
-        removed = control.fleet()[event.box_id]
+        removed = control.fleet().get(event.box_id)
+        if removed is None and stored:
+            return {"box_id": event.box_id}
+        if removed is None:
+            raise ConfigError([("box_id", f"unknown box {event.box_id!r}")])
         await control.remove_box(event.box_id)
         self._fleet_changed(list(control.fleet().values()))
         return {"box_id": event.box_id, "base_url": removed.base_url}

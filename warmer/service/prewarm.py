@@ -116,6 +116,10 @@ class PrewarmBackend(Protocol):
         """Look at the box's health and epoch now, before answering (a retried call met trouble there)."""
         ...
 
+    def sent(self, agent_id: str, box_id: str, slot: int) -> None:
+        """A call for the agent goes to this slot of the box: its turns will land there for a while."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class PrewarmAsk:
@@ -359,6 +363,9 @@ class PrewarmService:
         if box is None:  # the fleet changed under the answer
             raise PrewarmUnavailable(f"box {box_id!r} left the fleet")
         self.ledger.hand(box_id, ask.call_id)
+        slot = self._backend.slot(ask.agent_id, box_id) if answer.routed else answer.slot
+        if slot is not None:
+            self._backend.sent(ask.agent_id, box_id, slot)
         return PrewarmAnswer(
             agent=ask.agent_id,
             box_id=box_id,
@@ -368,7 +375,7 @@ class PrewarmService:
             ready=answer.routed,
             waited_ms=waited_ms,
             detail=answer.detail,
-            slot=self._backend.slot(ask.agent_id, box_id) if answer.routed else answer.slot,
+            slot=slot,
         )
 
 
@@ -398,3 +405,6 @@ class ReconcilerBackend:
 
     async def recheck(self, box_id: str) -> None:
         await self._reconciler.recheck_box(box_id)
+
+    def sent(self, agent_id: str, box_id: str, slot: int) -> None:
+        self._reconciler.note_call(agent_id, box_id, slot)

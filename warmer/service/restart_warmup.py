@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from warmer.core.errors import EngineError, NotSupported
+from warmer.core.errors import EngineError, ImplausibleReport, NotSupported
 from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName, PhaseRecord, RestartRecipe
+from warmer.core.warmstate import novel_prompt_contradiction
 from warmer.ports import Clock, EnginePort, StorePort
 
 # Filler for the long prefill: no spaces (an SPM byte vocabulary spends 3 tokens on one) and no repeats a
@@ -140,7 +141,9 @@ class RestartWarmup:
         if recipe.burst_levels:
             steps.append((PhaseName.BURST, lambda tally: self._bursts(box, recipe, tally)))
         long_target = long_prefill_target(recipe, profile, longest_prefix)
-        if long_target > 0:
+        if profile.provider is not None:
+            steps = []  # a hosted API: no kernels or grammar backend of ours to load, and every request costs
+        elif long_target > 0:
             steps.append(
                 (PhaseName.LONG_PREFILL, lambda tally: self._long_prefill(box, long_target, epoch, tally))
             )
@@ -229,9 +232,15 @@ class RestartWarmup:
             tally.add_concurrent(await asyncio.gather(*requests))
 
     async def _long_prefill(self, box: BoxSpec, target: int, epoch: str, tally: _PhaseTally) -> None:
+        """One prefill of nearly the longest prompt the box's calls send. Its prompt starts with a fresh
+        nonce, so it is also the canary of the engine's cache reports: a hit claimed on it is a lie, and the
+        phase fails (the box is never ready on reports that prove nothing)."""
         prompt = await self.long_prompt(box, target)
         report = await self._engine.complete_prompt(box, prompt, max_tokens=1)
         tally.add_sequential(report)
+        lie = novel_prompt_contradiction(report.prompt_tokens, report.cached_tokens)
+        if lie is not None:
+            raise ImplausibleReport(box.id, lie)
         if self._on_long_prefill is not None:
             self._on_long_prefill(box, epoch, report)
 

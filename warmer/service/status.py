@@ -76,6 +76,19 @@ class ReadyView:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmitView:
+    """The admission gate's answer for one box (`warmer.core.gate`): `admit` is what a readiness probe acts
+    on; `ready` stays the truth, so a box let in while not ready says so, with the rule and the reason."""
+
+    box_id: str
+    admit: bool
+    ready: bool
+    reason: str
+    release: str | None  # latched, held_too_long or share when let in while not ready
+    reasons: tuple[str, ...]  # why not ready (empty when ready)
+
+
+@dataclass(frozen=True, slots=True)
 class BoxView:
     id: str
     base_url: str
@@ -120,6 +133,24 @@ class StatusQueries(Protocol):
     async def ready(self, box_id: str) -> ReadyView | None: ...
 
     async def routes(self) -> list[AgentRoutes]: ...
+
+    async def admit(self, box_id: str) -> AdmitView | None: ...
+
+
+def admission_of(snapshot: Snapshot, box_id: str) -> AdmitView:
+    """The box's own readiness, now; when it is not ready, the gate's answer from the last pass if it was
+    given for the box's current epoch (the gate looks at the whole model, so it is computed once a pass,
+    not once a probe), else held."""
+    ready = readiness_of(snapshot, box_id)
+    if ready.ready:
+        return AdmitView(box_id, True, True, "ready", None, ())
+    live = snapshot.live.get(box_id)
+    epoch = live.epoch if live is not None else None
+    given = snapshot.gate_answers.get(box_id)
+    if given is not None and given[0] == epoch and given[1].released:
+        answer = given[1]
+        return AdmitView(box_id, True, False, answer.reason, answer.release, ready.reasons)
+    return AdmitView(box_id, False, False, "held until ready", None, ready.reasons)
 
 
 def readiness_of(snapshot: Snapshot, box_id: str) -> ReadyView:
@@ -197,6 +228,12 @@ class StatusService:
         if box_id not in snapshot.boxes:
             return None
         return readiness_of(snapshot, box_id)
+
+    async def admit(self, box_id: str) -> AdmitView | None:
+        snapshot = self._reconciler.snapshot()
+        if box_id not in snapshot.boxes:
+            return None
+        return admission_of(snapshot, box_id)
 
     async def routes(self) -> list[AgentRoutes]:
         snapshot = self._reconciler.snapshot()

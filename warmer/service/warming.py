@@ -105,6 +105,7 @@ class WarmExecutor:
         layout = await self._layout(box)
         run = _Run(box, profile, prefix, started=self._clock.monotonic(), slot=slot)
         run.block_tokens = hit_granularity(profile, layout)
+        run.own_counts = layout.counts_own_tokens
         if layout.page_tokens is not None or layout.mamba_strategy is not None:
             run.block_source = layout.source or "server"
         ranks: list[int | None] = (
@@ -167,8 +168,10 @@ class WarmExecutor:
             run.add(report)
             if run.contradicts(report, suffix=""):
                 return False
-            # The prefix alone: the engine's own token count for it is the honest bar to clear.
-            run.prefix_tokens = max(run.prefix_tokens, report.prompt_tokens)
+            # The prefix alone: the engine's own token count for it is the honest bar to clear. A server that
+            # counts its own way (a hosted provider) sets the bar alone: warmer's count is in other units.
+            own = run.own_counts
+            run.prefix_tokens = report.prompt_tokens if own else max(run.prefix_tokens, report.prompt_tokens)
             run.engine_counted = True
             if self._judge(run, await self._probe_report(box, prefix, run, rank)):
                 return True
@@ -192,7 +195,8 @@ class WarmExecutor:
         try:
             for rank in ranks:
                 run.rank = rank
-                if not self._judge(run, await self._probe_report(box, prefix, run, rank)):
+                probe = self._probe_report if not run.own_counts else self._own_count_probe
+                if not self._judge(run, await probe(box, prefix, run, rank)):
                     return run.outcome(self._clock.monotonic(), verified=False, reason=run.miss_reason(1))
         except EngineError as exc:
             reason = run.ranked(f"engine error: {exc}")
@@ -207,6 +211,21 @@ class WarmExecutor:
         run.add(report)
         run.contradicts(report, suffix=suffix)
         # Over several ranks the outcome carries the smallest last hit: what every rank holds at least.
+        run.last_cached[rank] = report.cached_tokens
+        run.cached_tokens = min(run.last_cached.values())
+        run.cache_note = report.cache_note
+        return report
+
+    async def _own_count_probe(
+        self, box: BoxSpec, prefix: Prefix, run: _Run, rank: int | None
+    ) -> CompletionReport:
+        """A probe on a server that counts its own way: the prefix alone, whose count is the bar and whose
+        hit is the answer (a hosted provider: the request also refreshes the entry, as a touch should)."""
+        report = await self._send(box, prefix, run, rank)
+        run.add(report)
+        run.prefix_tokens = report.prompt_tokens
+        run.engine_counted = True
+        run.contradicts(report, suffix="")
         run.last_cached[rank] = report.cached_tokens
         run.cached_tokens = min(run.last_cached.values())
         run.cache_note = report.cache_note
@@ -236,6 +255,7 @@ class _Run:
         self.block_source = "profile"
         self.prefix_tokens = prefix.token_count
         self.engine_counted = False  # the engine has counted the prefix sent alone in this run
+        self.own_counts = False  # the server counts tokens its own way (`CacheLayout.counts_own_tokens`)
         self.cached_tokens: int | None = None
         self.cache_note: str | None = None
         self.requests = 0
@@ -265,7 +285,7 @@ class _Run:
     def sent_prefix_tokens(self) -> int | None:
         """What warmer knows the prefix to be: the engine's own ids it holds, else the engine's count of
         the prefix sent alone in this run; None while only the engine can count it."""
-        if self.prefix.token_ids is not None:
+        if self.prefix.token_ids is not None and not self.own_counts:
             return len(self.prefix.token_ids)
         return self.prefix_tokens if self.engine_counted else None
 

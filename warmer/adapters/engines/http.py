@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,12 +107,20 @@ class EngineHttp:
         return httpx.Timeout(seconds, connect=min(self.timeouts.connect, seconds))
 
     async def _once(
-        self, box: BoxSpec, method: str, path: str, body: JsonObject | None, time_limit: float
+        self,
+        box: BoxSpec,
+        method: str,
+        path: str,
+        body: JsonObject | None,
+        time_limit: float,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         url = box_url(box, path)
         started = time.perf_counter()
         try:
-            response = await self._client.request(method, url, json=body, timeout=self._timeout(time_limit))
+            response = await self._client.request(
+                method, url, json=body, timeout=self._timeout(time_limit), headers=headers
+            )
         # httpx splits timeouts into connect / read / write / pool, all TimeoutException subclasses
         # (https://www.python-httpx.org/advanced/timeouts): only a connect timeout means no one took the call.
         except httpx.ConnectTimeout as exc:
@@ -144,8 +153,10 @@ class EngineHttp:
         body: JsonObject | None = None,
         time_limit: float | None = None,
         retry: bool = True,
+        headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
-        """One call with the policy's retries for transient failures; raises typed errors."""
+        """One call with the policy's retries for transient failures; raises typed errors. `headers` (e.g. a
+        hosted API's key) are sent as they are and never appear in an error message."""
         limit = self.timeouts.request if time_limit is None else time_limit
         attempts = max(1, self.retry.attempts) if retry else 1
         retrying = AsyncRetrying(
@@ -159,33 +170,51 @@ class EngineHttp:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._once(box, method, path, body, limit)
+                return await self._once(box, method, path, body, limit, headers)
         raise AssertionError("unreachable: tenacity re-raises the last failure")  # pragma: no cover
 
-    async def get_json(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> JsonObject:
-        result = await self.request(box, "GET", path, time_limit=time_limit)
+    async def get_json(
+        self,
+        box: BoxSpec,
+        path: str,
+        *,
+        time_limit: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> JsonObject:
+        result = await self.request(box, "GET", path, time_limit=time_limit, headers=headers)
         return parse_object(box, path, result.text)
 
     async def post_json(
-        self, box: BoxSpec, path: str, body: JsonObject, *, time_limit: float | None = None
+        self,
+        box: BoxSpec,
+        path: str,
+        body: JsonObject,
+        *,
+        time_limit: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[JsonObject, float]:
         """POST and parse a JSON object; also returns the call's wall seconds."""
-        result = await self.request(box, "POST", path, body=body, time_limit=time_limit)
+        result = await self.request(box, "POST", path, body=body, time_limit=time_limit, headers=headers)
         return parse_object(box, path, result.text), result.seconds
 
     async def get_text(self, box: BoxSpec, path: str, *, time_limit: float | None = None) -> str:
         return (await self.request(box, "GET", path, time_limit=time_limit)).text
 
-    async def health_answer(self, box: BoxSpec, path: str) -> HealthAnswer:
+    async def health_answer(
+        self, box: BoxSpec, path: str, *, headers: Mapping[str, str] | None = None
+    ) -> HealthAnswer:
         """Health-style call, no retries: its status, or how it failed (refused, no answer to the
-        connection, another transport error, a late answer, a non-200 status) with a detail.
+        connection, another transport error, a late answer, a non-200 status) with a detail. `headers`
+        (a hosted API's key) are sent as they are and never appear in the detail.
 
         A timeout is told apart from "no answer at all" because some engines' health route does real work
         (SGLang runs a one-token generation) and is slow, not down, on a busy box.
         """
         limit = self.timeouts.health
         try:
-            response = await self._client.get(box_url(box, path), timeout=self._timeout(limit))
+            response = await self._client.get(
+                box_url(box, path), timeout=self._timeout(limit), headers=headers
+            )
         except httpx.ConnectTimeout:
             connect = min(self.timeouts.connect, limit)
             detail = f"GET {path}: no answer to the connection within {connect:g}s"

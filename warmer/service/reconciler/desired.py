@@ -95,7 +95,7 @@ class DesiredState:
             self._observed_demand(),
         )
         self.volume = volume
-        target = self._place(refs, volume)
+        target, placed = self._place(refs, volume)
         warm = {(r.box_id, r.prefix_hash) for r in self._book.trusted().values() if is_serving(r)}
         prefix_of = {agent: ref.hash for agent, ref in refs.items()}
         moving = handover(self.routing, target, prefix_of, warm, existing=self._boxes.keys())
@@ -113,6 +113,8 @@ class DesiredState:
             campaigns=tuple(campaigns),
             precall=precall,
             last_activity=dict(last_activity),
+            placed=placed,
+            calls_per_minute=volume,
         )
         return self.current
 
@@ -142,9 +144,10 @@ class DesiredState:
 
     def _place(
         self, refs: Mapping[str, PrefixRef], volume: Mapping[str, float]
-    ) -> Mapping[str, tuple[str, ...]]:
+    ) -> tuple[Mapping[str, tuple[str, ...]], frozenset[str]]:
         """Placement is recomputed only when the fleet, a prefix or an agent's wanted group size changes
-        (it is stable, but not free). `volume` (calls/minute: campaigns, pre-call asks) widens groups."""
+        (it is stable, but not free). `volume` (calls/minute: campaigns, pre-call asks) widens groups.
+        Also returns the boxes it could place on (the eligible ones)."""
         config = self._config.placement
         demands = [
             AgentDemand(
@@ -168,7 +171,7 @@ class DesiredState:
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))
             self._placement, self._placement_key = placement.groups, key
-        return self._placement
+        return self._placement, eligible
 
     def _replace(
         self, boxes: Sequence[BoxSpec], demands: Sequence[AgentDemand], eligible: frozenset[str]

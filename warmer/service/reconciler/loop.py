@@ -276,6 +276,8 @@ class Reconciler:
             prefixes=dict(self._catalogue.prefixes),
             prefix_errors=dict(self._catalogue.errors),
             config=self._config.planner,
+            gate=self._config.gate,
+            gate_answers=self._ready.gate,
             holders=self._replicas.holders(),
             replica_id=self._replicas.replica_id,
         )
@@ -348,6 +350,16 @@ class Reconciler:
         if computed is None or live is None or live.epoch is None:
             return None
         return self._book.serving_slot((box_id, live.epoch, computed.prefix.hash))
+
+    def note_call(self, agent_id: str, box_id: str, slot: int) -> None:
+        """A pre-call answer sent a call for the agent to this slot of the box: until the call is likely
+        over (`precall_call_hold_seconds`) its turns may overwrite any other prefix put there."""
+        computed = self._catalogue.get(agent_id)
+        live = self._health.live.get(box_id)
+        if computed is None or live is None or live.epoch is None:
+            return
+        key = (box_id, live.epoch, computed.prefix.hash)
+        self._book.note_call(key, slot, self._clock.now(), self._config.precall_call_hold_seconds)
 
     def fleet(self) -> Mapping[str, BoxSpec]:
         """The boxes this reconciler may call now (config plus runtime `box.added`)."""

@@ -114,7 +114,13 @@ def build_parts(
     catalogue = PrefixCatalogue(store=store, source=prefix_source, drift=drift, activity=activity, log=log)
     staging = PromptStaging(store=store, prefix_source=prefix_source, log=log)
     ready = ReadyReports(
-        store=store, clock=clock, config=config.planner, observer=observer, log=log, owns=owns
+        store=store,
+        clock=clock,
+        config=config.planner,
+        observer=observer,
+        log=log,
+        owns=owns,
+        gate=config.gate,
     )
     desired = DesiredState(
         config=config,

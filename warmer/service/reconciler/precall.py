@@ -34,6 +34,10 @@ from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import EnsureResult, ReconcilerConfig, UnknownAgent
 
+# From a pre-call answer to its call's first turn reaching the engine: a prefix answered this recently never
+# leaves its box, even for the room of a call that would otherwise land cold (`PrecallWarming._lend`).
+FIRST_TURN_SECONDS = 2.0
+
 
 class PrecallWarming:
     """`ensure_warm(agent, wait)`: the pre-call ask's answer, after at most `wait` seconds."""
@@ -136,8 +140,14 @@ class PrecallWarming:
             or (self._lent_routes_for(agent_id, lent) if lent else ())
         )
         if found:
-            answer = EnsureResult(agent_id, found[0].box_id, WarmState.WARM, True, prefix_hash, "warm", found)
-            return answer, None, False
+            safe = tuple(route for route in found if not self._at_risk(route.box_id, prefix_hash, now))
+            if safe:
+                answer = EnsureResult(
+                    agent_id, safe[0].box_id, WarmState.WARM, True, prefix_hash, "warm", safe
+                )
+                return answer, None, False
+            answer, probing = self._verify(agent_id, found[0].box_id, prefix_hash)
+            return answer, probing, False
         first: EnsureResult | None = None
         group = [b for b in desired.assignment.get(agent_id, ()) if not self._loans.lent_away(b, agent_id)]
         for box_id in dict.fromkeys([*group, *lent]):
@@ -196,6 +206,35 @@ class PrecallWarming:
             return first, None, False
         return self._cold_stand_in(agent_id, prefix_hash), None, True
 
+    def _at_risk(self, box_id: str, prefix_hash: str, now: float) -> bool:
+        """The prefix's slot on the box was given to another prefix's call that may still be sending turns
+        there (`WarmBook.at_risk`): its record alone cannot vouch for it. Boxes held elsewhere are left to
+        their holder."""
+        epoch = self._health.live[box_id].epoch
+        if epoch is None or not self._owns(box_id):
+            return False
+        return self._book.at_risk((box_id, epoch, prefix_hash), now, self._config.precall_call_hold_seconds)
+
+    def _verify(
+        self, agent_id: str, box_id: str, prefix_hash: str
+    ) -> tuple[EnsureResult, asyncio.Future[Any]]:
+        """Probe the prefix in its contested slot (coalesced with any warm or probe in flight); the ask
+        waits for it like for a warm, and a cold reading takes the box out of the agent's routes."""
+        epoch = self._health.live[box_id].epoch
+        assert epoch is not None
+        probing = self._runner.start_engine_work(
+            box_id,
+            epoch,
+            prefix_hash,
+            "probe: slot shared with a running call",
+            probe=True,
+            agents=(agent_id,),
+        )
+        slot = self._book.slot((box_id, epoch, prefix_hash))
+        detail = "verifying: its slot served another call"
+        answer = EnsureResult(agent_id, box_id, WarmState.WARMING, False, prefix_hash, detail, slot=slot)
+        return answer, probing
+
     def _note(self, result: EnsureResult) -> EnsureResult:
         """An answer that sends a call to a box where the prefix is (or is being) warmed: its first turn
         is on its way, so the prefix stays there for the protection window."""
@@ -203,11 +242,13 @@ class PrecallWarming:
             self._answered[result.agent_id] = self._clock.now()
         return result
 
-    def _answered_within(self, seconds: float) -> frozenset[str]:
-        """Agents answered ready this recently: their calls' first turns may not have reached the box."""
+    def answered_within(self, seconds: float) -> frozenset[str]:
+        """Agents answered ready this recently: their calls' first turns may not have reached the box.
+        Answers older than the protection window (the longest asked for) are forgotten."""
         now = self._clock.now()
-        self._answered = {agent: at for agent, at in self._answered.items() if now - at <= seconds}
-        return frozenset(self._answered)
+        keep = max(seconds, self._loans.protect_seconds)
+        self._answered = {agent: at for agent, at in self._answered.items() if now - at <= keep}
+        return frozenset(agent for agent, at in self._answered.items() if now - at <= seconds)
 
     async def _lend(self, agent_id: str) -> bool:
         """Room for an agent no box of whose group can take its call, on the box of its model where the
@@ -246,19 +287,28 @@ class PrecallWarming:
             pinned = agent_of.get(prefix_hash)
             if pinned is not None and live[box_id].epoch == epoch and pinned not in held.get(box_id, []):
                 held.setdefault(box_id, []).append(pinned)
-        lent = await self._loans.lend(
-            agent_id,
-            tokens=computed.prefix.token_count,
-            candidates=candidates,
-            epochs={box.id: live[box.id].epoch or "" for box in candidates},
-            held=held,
-            tokens_of={agent: ref.tokens for agent, ref in refs.items()},
-            prefix_of=prefix_of,
-            volume=self._desired.volume,
-            capacity=self._health.capacity,
-            busy=lambda box_id, prefix_hash: (box_id, prefix_hash) in self._runner.in_flight,
-            answered=self._answered_within(self._loans.protect_seconds),
-        )
+        lent = None
+        # Within the protection window no answered prefix leaves; when that leaves nowhere, the call would
+        # land cold in a slot the engine picks (evicting a prefix still vouched for): better to lend the
+        # room of one answered longer ago than its first turn takes, chosen and released first.
+        for protect in dict.fromkeys(
+            (self._loans.protect_seconds, min(FIRST_TURN_SECONDS, self._loans.protect_seconds))
+        ):
+            lent = await self._loans.lend(
+                agent_id,
+                tokens=computed.prefix.token_count,
+                candidates=candidates,
+                epochs={box.id: live[box.id].epoch or "" for box in candidates},
+                held=held,
+                tokens_of={agent: ref.tokens for agent, ref in refs.items()},
+                prefix_of=prefix_of,
+                volume=self._desired.volume,
+                capacity=self._health.capacity,
+                busy=lambda box_id, prefix_hash: (box_id, prefix_hash) in self._runner.in_flight,
+                answered=self.answered_within(protect),
+            )
+            if lent is not None:
+                break
         if lent is None:
             return False
         await self._touch_keepers(lent, held.get(lent, ()), agent_id, prefix_of)

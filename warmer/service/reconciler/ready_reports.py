@@ -4,7 +4,8 @@ What makes a box ready is decided by the pure core (`box_ready`); this records, 
 that first held: a `box_ready` event with the time from health up to ready next to the engine time it
 took, the PREFIXES phase closed, and the time-to-ready metric (a daemon restarted over a running engine
 records only its re-verification time: it did not see the epoch start). After every pass it also
-reports the fleet's readiness and warmth to the metrics.
+reports the fleet's readiness and warmth to the metrics, and says loudly (a warning, a `gate_released`
+event, the metric) when the admission gate (`warmer.core.gate`) lets in a box that is not ready.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable, Mapping
 import structlog
 
 from warmer.core.event_kinds import EventKind
-from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord
+from warmer.core.gate import GateAnswer, GateBox, GateConfig, gate
+from warmer.core.model import BoxSpec, LoggedEvent, PhaseName, PhaseRecord
 from warmer.core.planner import Desired, Observed, PlannerConfig
 from warmer.core.readiness import agent_warmth, box_ready
 from warmer.core.warmstate import is_serving
@@ -36,6 +38,38 @@ def ready_detail(report: ReadyReport) -> dict[str, object]:
     }
 
 
+def gate_answers(
+    boxes: Mapping[str, BoxSpec],
+    live: Mapping[str, BoxLive],
+    ready: Mapping[str, bool],
+    now: float,
+    config: GateConfig,
+) -> dict[str, GateAnswer]:
+    """The admission gate over the fleet as the reconciler sees it: one rule for the pass and the API."""
+    seen = []
+    for box_id, box in boxes.items():
+        state = live.get(box_id)
+        if state is None:
+            continue
+        up = state.healthy and state.epoch is not None
+        report = state.ready_report
+        seen.append(
+            GateBox(
+                box_id=box_id,
+                model=box.model,
+                group=box.group,
+                healthy_since=(state.healthy_since if state.healthy_since is not None else now)
+                if up
+                else None,
+                ready=ready.get(box_id, False),
+                # ready in this epoch, or serving before this daemon started (an earlier one warmed it up):
+                # a warmer restart must not pull serving engines out of their Services
+                was_ready=state.resumed or (report is not None and report.epoch == state.epoch),
+            )
+        )
+    return gate(seen, now, config)
+
+
 class ReadyReports:
     """Writes each epoch's ready report once; remembers which boxes were ready under this daemon."""
 
@@ -48,7 +82,12 @@ class ReadyReports:
         observer: ReconcileObserver,
         log: structlog.stdlib.BoundLogger,
         owns: Callable[[str], bool] = lambda _box_id: True,
+        gate: GateConfig | None = None,
     ) -> None:
+        self._gate = gate or GateConfig()
+        self._released: dict[str, tuple[str | None, str]] = {}  # box -> (epoch, reason): let in, not ready
+        # the last pass's gate answer per box, with the epoch it was given for (replaced, never mutated)
+        self.gate: Mapping[str, tuple[str | None, GateAnswer]] = {}
         self._owns = owns  # a box held by another replica: its holder records the ready moment
         self._store = store
         self._clock = clock
@@ -73,6 +112,40 @@ class ReadyReports:
         warm = sum(1 for r in observed.warm.values() if is_serving(r))
         self._observer.fleet_state(sum(ready_by_box.values()), warm)
         self._observer.box_states(ready_by_box, agent_warmth(desired, observed))
+        await self._note_gate(desired.boxes, live, ready_by_box, now)
+
+    async def _note_gate(
+        self, boxes: Mapping[str, BoxSpec], live: Mapping[str, BoxLive], ready: Mapping[str, bool], now: float
+    ) -> None:
+        """A box the gate lets in while it is not ready is a fleet in trouble (it could not warm in time, or
+        every box of a model restarted at once): a warning and an event once per release, and the metric."""
+        answers = gate_answers(boxes, live, ready, now, self._gate)
+        self.gate = {box_id: (live[box_id].epoch, answer) for box_id, answer in answers.items()}
+        released: dict[str, tuple[str | None, str]] = {}
+        rules: dict[str, str] = {}
+        for box_id, answer in answers.items():
+            if not answer.released:
+                continue
+            epoch = live[box_id].epoch
+            released[box_id] = (epoch, answer.reason)
+            rules[box_id] = answer.release or ""
+            if self._released.get(box_id) == (epoch, answer.reason):
+                continue
+            self._log.warning(
+                "box let in by the readiness gate while not ready", box=box_id, why=answer.reason
+            )
+            if self._owns(box_id):
+                await self._store.append_event(
+                    LoggedEvent(
+                        at=now,
+                        kind=EventKind.GATE_RELEASED,
+                        box_id=box_id,
+                        epoch=epoch,
+                        detail={"release": answer.release, "reason": answer.reason},
+                    )
+                )
+        self._released = released
+        self._observer.gate_released(rules)
 
     async def _record(self, box_id: str, live: BoxLive, epoch: str, now: float) -> None:
         since_mono = (

@@ -17,6 +17,10 @@ from warmer.core.planner import WarmKey
 from warmer.core.warmstate import is_serving
 from warmer.ports import StorePort
 
+# A prefix verified this recently is believed where it is even in a contested slot (`WarmBook.at_risk`):
+# the call answered now sends its first turn within this, before another call's next turn can land.
+VERIFIED_FRESH_SECONDS = 1.0
+
 
 class WarmBook:
     """Warm records by (box, epoch, prefix), and the engine slot each pinned prefix holds."""
@@ -28,6 +32,10 @@ class WarmBook:
         # a warm reserves a slot no other kept prefix of the box holds, and every later request of
         # warmer's for that prefix (keepalive, probe) and every pinned call runs there
         self.pins: dict[WarmKey, int] = {}
+        # (box, epoch, slot) -> prefix -> when a pre-call answer last sent a call there. A call keeps sending
+        # its turns to its slot until it ends, so another prefix put in that slot meanwhile is overwritten by
+        # them and cannot be vouched for on its record alone (`at_risk`)
+        self.slot_calls: dict[tuple[str, str, int], dict[str, float]] = {}
         # Verifications older than this (the daemon's start) are re-probed before they count as warm.
         self.trusted_after = 0.0
         # ... per box, with several replicas (`replicas.ReplicaSync.trusted_since`); None: the above
@@ -75,10 +83,31 @@ class WarmBook:
         """A new process holds nothing of the old one's: the box's other epochs' records and pins go."""
         self.records = {k: r for k, r in self.records.items() if k[0] != box_id or k[1] == epoch}
         self.pins = {k: s for k, s in self.pins.items() if k[0] != box_id or k[1] == epoch}
+        self.slot_calls = {k: c for k, c in self.slot_calls.items() if k[0] != box_id or k[1] == epoch}
 
     def forget_box(self, box_id: str) -> None:
         self.records = {k: r for k, r in self.records.items() if k[0] != box_id}
         self.pins = {k: s for k, s in self.pins.items() if k[0] != box_id}
+        self.slot_calls = {k: c for k, c in self.slot_calls.items() if k[0] != box_id}
+
+    def note_call(self, key: WarmKey, slot: int, now: float, hold: float) -> None:
+        """A pre-call answer sent a call for `key`'s prefix to `slot`; calls over `hold` ago are forgotten."""
+        calls = self.slot_calls.setdefault((key[0], key[1], slot), {})
+        calls[key[2]] = now
+        for prefix_hash in [p for p, at in calls.items() if at <= now - hold]:
+            del calls[prefix_hash]
+
+    def at_risk(self, key: WarmKey, now: float, hold: float) -> bool:
+        """The prefix's slot was given to a call of another prefix within `hold` (that call may still be
+        sending turns there, each overwriting the slot) and the prefix was not verified since just now:
+        believe it there only after a probe."""
+        slot = self.pins.get(key)
+        calls = self.slot_calls.get((key[0], key[1], slot)) if slot is not None else None
+        if not calls or not any(p != key[2] and at > now - hold for p, at in calls.items()):
+            return False
+        record = self.records.get(key)
+        verified = record.verified_at if record is not None else None
+        return verified is None or verified < now - VERIFIED_FRESH_SECONDS
 
     def pin_for(self, key: WarmKey, capacity: BoxCapacity | None) -> int | None:
         """The slot for a warm of `key`: the one it holds, else a slot no other kept prefix of the box holds

@@ -14,6 +14,7 @@ from typing import Protocol
 from warmer.core.agents import AgentSpec
 from warmer.core.capacity import PrefixBudgetPolicy
 from warmer.core.errors import HealthFailure, WarmerError
+from warmer.core.gate import GateAnswer, GateConfig
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
 from warmer.core.planner import Desired, Observed, PlannerConfig, WarmKey, WarmupStatus
@@ -79,6 +80,11 @@ class ReconcileObserver(Protocol):
         set, so a box or agent that left the fleet disappears from the report."""
         ...
 
+    def gate_released(self, released: Mapping[str, str]) -> None:
+        """Every fleet box the admission gate lets in although it is not ready, with the rule that let it in
+        (`warmer.core.gate`: latched, held_too_long, share; the full set, after each pass)."""
+        ...
+
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         """The agent's prefix text now tokenizes to `change` (relative, e.g. +0.08) more tokens than
         under the previous engine version."""
@@ -111,6 +117,9 @@ class NullObserver:
     def box_states(self, ready: Mapping[str, bool], agent_warm: Mapping[tuple[str, str], bool]) -> None:
         return None
 
+    def gate_released(self, released: Mapping[str, str]) -> None:
+        return None
+
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         return None
 
@@ -134,6 +143,9 @@ class ReconcilerConfig:
     # ...and a prefix whose ready answer was given this recently never leaves for another agent's loan:
     # its call's first turn is on its way (setting: dialer.precall_protect_seconds)
     precall_protect_seconds: float = 10.0
+    # a call sent to an engine slot keeps sending its turns there about this long: another prefix put in that
+    # slot meanwhile is probed before an answer vouches for it (setting: dialer.call_hold_seconds)
+    precall_call_hold_seconds: float = 60.0
     # a staged prompt becomes current at the latest this long after it was staged, warm or not (a new prompt
     # must not wait forever behind a box that cannot warm it; the route then shrinks to where it is warm)
     pending_prompt_timeout_seconds: float = 600.0
@@ -144,6 +156,8 @@ class ReconcilerConfig:
     # capacity.prefix_poll_seconds; 0 = only when a new process is seen), under this headroom and band
     capacity_poll_seconds: float = 15.0
     prefix_budget: PrefixBudgetPolicy = field(default_factory=PrefixBudgetPolicy)
+    # the admission gate's bounds (setting: [gate]): `/v1/boxes/{id}/admit` never holds a fleet down
+    gate: GateConfig = field(default_factory=GateConfig)
 
     def __post_init__(self) -> None:
         if self.health_concurrency < 1:
@@ -158,6 +172,8 @@ class ReconcilerConfig:
             raise ValueError("precall_lend_seconds must be >= 0")
         if self.precall_protect_seconds < 0:
             raise ValueError("precall_protect_seconds must be >= 0")
+        if self.precall_call_hold_seconds < 0:
+            raise ValueError("precall_call_hold_seconds must be >= 0")
         if self.capacity_poll_seconds < 0:
             raise ValueError("capacity_poll_seconds must be >= 0")
 
@@ -261,6 +277,9 @@ class Snapshot:
     prefixes: Mapping[str, ComputedPrefix]
     prefix_errors: Mapping[str, str]
     config: PlannerConfig
+    gate: GateConfig = field(default_factory=GateConfig)
+    # the admission gate's answers of the last pass, per box, with the epoch each was given for
+    gate_answers: Mapping[str, tuple[str | None, GateAnswer]] = field(default_factory=dict)
     # with several replicas: box -> the replica holding its lease (absent: none holds it now), and this one
     holders: Mapping[str, str] = field(default_factory=dict)
     replica_id: str | None = None  # None: this daemon alone holds every box
