@@ -586,6 +586,7 @@ def test_alerts_cover_readiness_health_root_tasks_absence_sync_discovery_and_scr
     assert {
         "warmer_box_ready",
         "warmer_box_health_failure",
+        "warmer_box_gate_released",
         "warmer_box_hit_rate_below_threshold",
         "warmer_root_task_failures_total",
         "warmer_up",
