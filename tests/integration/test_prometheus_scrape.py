@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.integration.daemon_harness import (
     AGENT,
     AGENTS_DIR,
     FleetFactory,
+    Serve,
     fleet_boxes,
     running_serve,
     turn1,
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "warmer.json"
 RULES = REPO / "deploy" / "prometheus" / "warmer.rules.yml"
 NAMESPACE, JOB = "warmer-test", "warmer"
-WAIT_SECONDS = 240.0  # a loaded 2-core machine: a bound, not an expectation
+WAIT = 240.0  # seconds; a loaded 2-core machine: a bound, not an expectation
 # Hit rates judged every 2 s on any traffic, so the per-box hit-rate panel has data within the test.
 SECTIONS = """
 [hitrate]
@@ -46,9 +46,9 @@ min_tokens_per_window = 1
 
 
 @contextmanager
-def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
+def prometheus(tmp_path: Path, target: str) -> Iterator[Serve]:
     """`prometheus` on loopback scraping `target` every second as job `warmer` in NAMESPACE, with the
-    shipped rules loaded; yields its base URL."""
+    shipped rules loaded, as a process the harness waits on like `warmer serve`."""
     binary = shutil.which("prometheus")
     assert binary is not None, "prometheus is missing: run scripts/ensure-services (make check-services)"
     port = free_loopback_port()
@@ -78,13 +78,12 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        text=True,
     )
-    base = f"http://127.0.0.1:{port}"
+    server = Serve(process, f"http://127.0.0.1:{port}", log_path)
     try:
-        _wait(
-            "prometheus ready", lambda: httpx.get(f"{base}/-/ready", timeout=5).status_code == 200, log_path
-        )
-        yield base
+        server.wait("prometheus ready", lambda: httpx.get(f"{server.base_url}/-/ready", timeout=5).is_success)
+        yield server
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -108,18 +107,6 @@ def _dashboard_queries() -> dict[str, str]:
     return queries
 
 
-def _wait(what: str, check: Any, log: Path) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
-
-
 def test_a_real_prometheus_scrapes_warmer_and_every_dashboard_query_returns_data(
     llama_fleet_factory: FleetFactory, tmp_path: Path
 ) -> None:
@@ -131,10 +118,15 @@ def test_a_real_prometheus_scrapes_warmer_and_every_dashboard_query_returns_data
         box_ids = [box.id for box in fleet.boxes]
         serve.wait("both boxes ready", lambda: all(serve.is_ready(box_id) for box_id in box_ids))
         for box in fleet.boxes:  # calls, so the engines' counters move and hit rates are judged
-            turn1(box.base_url, agent)
+            timings = turn1(box.base_url, agent)["timings"]
+            cached, new = int(timings["cache_n"]), int(timings["prompt_n"])
+            usage = {"prompt_tokens": cached + new, "prompt_tokens_details": {"cached_tokens": cached}}
+            record = {"call_id": f"call-{box.id}", "turn": 1, "agent": AGENT, "box": box.id, "usage": usage}
+            # the dialer's report of that turn (POST /v1/usage), for the turn-1 panel
+            httpx.post(f"{serve.base_url}/v1/usage", json=record, timeout=10).raise_for_status()
         httpx.post(f"{serve.base_url}/v1/prewarm", json={"agent": AGENT}, timeout=10).raise_for_status()
-        with prometheus(tmp_path, f"127.0.0.1:{port}") as base:
-            log = tmp_path / "prometheus.log"
+        with prometheus(tmp_path, f"127.0.0.1:{port}") as server:
+            base = server.base_url
             queries = _dashboard_queries()
             health = {name: expr for name, expr in queries.items() if "warmer_box_health_failure" in expr}
             assert health, "the dashboard has a health-failure panel"
@@ -145,7 +137,10 @@ def test_a_real_prometheus_scrapes_warmer_and_every_dashboard_query_returns_data
                 empty.update({n: e for n, e in queries.items() if n not in health and not _query(base, e)})
                 return not empty
 
-            _wait(f"data for every dashboard query (still empty: {list(empty)})", all_have_data, log)
+            try:
+                server.wait("data for every dashboard query", all_have_data, WAIT)
+            except AssertionError as exc:
+                raise AssertionError(f"still without data: {sorted(empty)}") from exc
 
             rules = httpx.get(f"{base}/api/v1/rules", timeout=10).json()["data"]["groups"]
             (group,) = [g for g in rules if g["name"] == "warmer"]
@@ -159,5 +154,5 @@ def test_a_real_prometheus_scrapes_warmer_and_every_dashboard_query_returns_data
             def refused_shown() -> bool:
                 return any(r["metric"] == {"box": box_ids[0], "kind": "refused"} for r in _query(base, expr))
 
-            _wait("the health panel to show the killed box as refused", refused_shown, log)
+            server.wait("the health panel to show the killed box as refused", refused_shown, WAIT)
         serve.stop()
