@@ -1,5 +1,8 @@
 """How the daemon works its fleet: `[reconcile]`, `[engines]`, `[retry]`, `[hitrate]`, `[capacity]`,
-`[dialer]` and `[gate]`."""
+`[dialer]` and `[gate]`.
+
+Size: one table per section with every setting's default and why, so each is documented once.
+"""
 
 from __future__ import annotations
 

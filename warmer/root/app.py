@@ -4,6 +4,9 @@ then supervises the named root tasks until a signal.
 
 Everything I/O is created here and nowhere else, and every piece is injectable (store factory, database
 preparation, HTTP transport) so tests swap real parts for fakes at our own seams.
+
+Size: the one place every service and root task is built and wired, in the order they are built; what each
+piece does lives in the warmer.root module it comes from.
 """
 
 from __future__ import annotations
