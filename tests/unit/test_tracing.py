@@ -21,6 +21,7 @@ from warmer.core.model import BoxSpec, CompletionReport, Prefix
 from warmer.core.planner import PlannerConfig
 from warmer.root.tracing import trace_client, tracer_provider
 from warmer.service.prewarm import PrewarmService, ReconcilerBackend
+from warmer.testing import is_probe
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -39,13 +40,16 @@ class TracedEngine(FakeEngine):
 
     def __init__(self, box_ids: tuple[str, ...]) -> None:
         super().__init__(box_ids)
-        self.warm_traces: list[tuple[str, str]] = []  # (box, trace id or "none"), in order
+        self.warm_traces: list[tuple[str, str]] = []  # (box, trace id or "none") of each warm, not probes
 
     async def complete_prefix(
         self, box: BoxSpec, prefix: Prefix, *, suffix: str = "", max_tokens: int = 1, slot: int | None = None
     ) -> CompletionReport:
         context = trace.get_current_span().get_span_context()
-        self.warm_traces.append((box.id, format(context.trace_id, "032x") if context.is_valid else "none"))
+        if not is_probe(suffix):
+            self.warm_traces.append(
+                (box.id, format(context.trace_id, "032x") if context.is_valid else "none")
+            )
         return await super().complete_prefix(box, prefix, suffix=suffix, max_tokens=max_tokens, slot=slot)
 
 
@@ -72,31 +76,28 @@ def test_a_pre_call_asks_traceparent_reaches_the_warm_it_starts(store_url: str) 
             registry=CollectorRegistry(),
             readiness=ready,
             tokens=(SecretStr("t"),),
-            prewarm=PrewarmService(ReconcilerBackend(w.reconciler), w.clock, max_wait_seconds=30.0),
+            prewarm=PrewarmService(ReconcilerBackend(w.reconciler), w.clock, max_wait_seconds=0.0),
             tracer_provider=provider,
         )
         transport = httpx.ASGITransport(app=create_app(services))
         async with httpx.AsyncClient(transport=transport, base_url="http://warmer") as client:
-            stopping = asyncio.Event()
-            loop = asyncio.create_task(w.reconciler.run(stopping))
+            # No wait: answered "warming" at once, the warm it started goes on in its own task. No loop
+            # runs meanwhile, so every warm below is the ask's.
             answer = await client.post(
                 "/v1/prewarm",
-                json={"agent": "sales", "wait_ms": 30000},
+                json={"agent": "sales", "wait_ms": 0},
                 headers={"authorization": "Bearer t", "traceparent": TRACEPARENT},
             )
-            stopping.set()
-            await loop
+        await w.reconciler.wait_idle()
         await w.store.close()
         return answer, engine.warm_traces
 
     answer, warm_traces = asyncio.run(scenario())
     assert answer.status_code == 200
     box = answer.json()["box_id"]
-    on_its_box = [trace_id for box_id, trace_id in warm_traces if box_id == box]
-    assert on_its_box, "the ask started a warm on the box it answered"
-    # The first request on that box is the ask's warm (the loop, woken by the ask, may warm the agent's
-    # other boxes meanwhile: those are its own work, outside the call's trace).
-    assert on_its_box[0] == TRACE_ID, "the warm runs in the dialer's trace"
+    assert answer.json()["state"] == "warming"
+    assert [box_id for box_id, _ in warm_traces] == [box], "the ask started one warm, on the box it named"
+    assert [trace_id for _, trace_id in warm_traces] == [TRACE_ID], "and it runs in the dialer's trace"
     (ask,) = [span for span in exporter.get_finished_spans() if span.kind is SpanKind.SERVER]
     assert format(ask.context.trace_id, "032x") == TRACE_ID
     assert ask.parent is not None
