@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 
-.PHONY: venv demo test lint check-services engines bench bench-fleet clean constraints image
+.PHONY: venv demo test lint check-services engines bench bench-fleet clean constraints image pin-base
 
 # Two install stamps: the demo needs only warmer and the model generator (the `demo` extra); lint and
 # the tests need the `dev` extra (which includes it).
@@ -61,19 +61,31 @@ FLEET_ARGS ?= --setting tight --model light
 bench-fleet: venv
 	$(BIN)/python -m bench.fleet $(FLEET_ARGS)
 
-# The container image the Kubernetes manifests run (needs docker or podman: DOCKER=podman).
+# The container image the Kubernetes manifests run (needs docker, podman or buildah: DOCKER=podman).
 DOCKER ?= docker
 image:
-	$(DOCKER) build -f Containerfile -t warmer:$(VERSION) .
+	$(DOCKER) build -f Containerfile -t warmer:$(VERSION) \
+	  --build-arg VERSION=$(VERSION) \
+	  --build-arg REVISION=$$(git rev-parse HEAD) \
+	  --build-arg CREATED=$$(date -u +%Y-%m-%dT%H:%M:%SZ) .
+
+# Moves the Containerfile's base to the digest its tag has today (needs skopeo and registry access).
+BASE_TAG ?= docker.io/library/python:3.11-slim-bookworm
+pin-base:
+	digest=$$(skopeo inspect --format '{{.Digest}}' docker://$(BASE_TAG)) && \
+	sed -i "s|^ARG BASE=.*|ARG BASE=$(BASE_TAG)@$$digest|" Containerfile && \
+	grep -n '^ARG BASE=' Containerfile
 
 # Pins every runtime dependency to what a clean install resolves today (README: reproducible installs).
-constraints:
+constraints: venv
 	rm -rf build/constraints-venv
 	$(PYTHON) -m venv build/constraints-venv
 	build/constraints-venv/bin/pip install --quiet .
 	{ sed -n '/^#/p' constraints.txt; build/constraints-venv/bin/pip freeze --exclude warmer; } > constraints.new
 	mv constraints.new constraints.txt
 	rm -rf build/constraints-venv
+	$(BIN)/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url \
+	  --no-emit-find-links --constraint constraints.txt --output-file requirements.lock pyproject.toml
 
 clean:
 	rm -rf $(VENV) state .pytest_cache .mypy_cache .ruff_cache

@@ -1,124 +1,62 @@
-"""A small renderer for the subset of kustomize that deploy/kubernetes uses, so tests see the manifests
-`kubectl apply -k` would apply.
-
-kustomize itself is a Go binary that no Python package ships (PyPI's `kustomize` writes kustomization
-files, it does not build them), and CI installs only what the project's own files install. Anything
-outside the subset (generators, name prefixes, inline or targeted patches, ...) is an error here rather
-than being silently ignored, so the renderer can never drift from kustomize without a failing test.
-
-The subset: `resources` (files and kustomization directories), `patches` (files of strategic-merge
-patches, matched by kind and name; `$patch: delete` removes the resource; `null` removes a field; lists
-of containers, volumes, env, ... merge by their Kubernetes merge keys) and `images` (newName/newTag on
-pod template containers and init containers).
-"""
+"""The manifests `kubectl apply -k` would apply, rendered by the real `kubectl kustomize` (kustomize is
+built into kubectl; the project's machines have it), and overlays composed of deploy/kubernetes's
+components for the tests to render every combination."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-_KEYS = {"apiVersion", "kind", "resources", "patches", "images"}
-# The patchMergeKey of the list fields the manifests patch (Kubernetes API types, `patchMergeKey` tags).
-_MERGE_KEYS = {
-    "containers": "name",
-    "initContainers": "name",
-    "volumes": "name",
-    "env": "name",
-    "envFrom": None,  # atomic in the API types: replaced whole
-    "volumeMounts": "mountPath",
-    "ports": "containerPort",
-}
+REPO = Path(__file__).resolve().parents[1]
+KUBERNETES = REPO / "deploy" / "kubernetes"
+BASE = KUBERNETES / "base"
+COMPONENTS = ("postgresql", "discovery", "monitoring", "network-policy")
 
 Manifest = dict[str, Any]
 
 
-class KustomizeError(ValueError):
-    """The kustomization uses something outside the supported subset, or a patch matches nothing."""
+class KustomizeError(RuntimeError):
+    """kubectl kustomize refused the kustomization (its own message says why)."""
 
 
 def render(directory: Path) -> list[Manifest]:
-    """Every resource the kustomization in `directory` produces, patched and with images set."""
-    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    unknown = set(kustomization) - _KEYS
-    if unknown:
-        raise KustomizeError(f"{directory}: unsupported kustomization fields {sorted(unknown)}")
-    resources: list[Manifest] = []
-    for entry in kustomization.get("resources", []):
-        path = directory / entry
-        resources += render(path) if path.is_dir() else _documents(path)
-    for patch in kustomization.get("patches", []):
-        if set(patch) != {"path"}:
-            raise KustomizeError(f"{directory}: only `path:` patches are supported, got {sorted(patch)}")
-        for document in _documents(directory / patch["path"]):
-            resources = _apply_patch(resources, document, directory / patch["path"])
-    for image in kustomization.get("images", []):
-        for resource in resources:
-            _set_image(resource, image)
-    seen: set[tuple[str, str]] = set()
-    for resource in resources:
-        key = _identity(resource)
-        if key in seen:
-            raise KustomizeError(f"{directory}: duplicate resource {key}")
-        seen.add(key)
-    return resources
+    """Every resource the kustomization in `directory` produces, as kubectl kustomize renders it."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise KustomizeError("kubectl is not installed: the deploy tests render with `kubectl kustomize`")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, check=False, timeout=60
+    )
+    if result.returncode != 0:
+        raise KustomizeError(f"kubectl kustomize {directory}: {result.stderr.strip()}")
+    return [document for document in yaml.safe_load_all(result.stdout) if document is not None]
 
 
-def _documents(path: Path) -> list[Manifest]:
-    return [document for document in yaml.safe_load_all(path.read_text()) if document is not None]
-
-
-def _identity(resource: Manifest) -> tuple[str, str]:
-    return resource["kind"], resource["metadata"]["name"]
-
-
-def _apply_patch(resources: list[Manifest], patch: Manifest, source: Path) -> list[Manifest]:
-    matches = [index for index, resource in enumerate(resources) if _identity(resource) == _identity(patch)]
-    if len(matches) != 1:
-        raise KustomizeError(f"{source}: patch target {_identity(patch)} matched {len(matches)} resources")
-    (index,) = matches
-    if patch.get("$patch") == "delete":
-        return resources[:index] + resources[index + 1 :]
-    merged = _merge(resources[index], patch)
-    return [*resources[:index], merged, *resources[index + 1 :]]
-
-
-def _merge(base: Any, patch: Any, field: str = "") -> Any:
-    if isinstance(base, dict) and isinstance(patch, dict):
-        result = dict(base)
-        for key, value in patch.items():
-            if value is None:
-                result.pop(key, None)
-            elif key in result:
-                result[key] = _merge(result[key], value, key)
-            else:
-                result[key] = _merge({}, value, key) if isinstance(value, dict) else value
-        return result
-    merge_key = _MERGE_KEYS.get(field)
-    if isinstance(base, list) and isinstance(patch, list) and merge_key is not None:
-        result_list = list(base)
-        for item in patch:
-            positions = [i for i, old in enumerate(result_list) if old.get(merge_key) == item.get(merge_key)]
-            if item.get("$patch") == "delete":
-                result_list = [old for i, old in enumerate(result_list) if i not in positions]
-            elif positions:
-                result_list[positions[0]] = _merge(result_list[positions[0]], item)
-            else:
-                result_list.append(item)
-        return result_list
-    return patch
-
-
-def _set_image(resource: Manifest, image: dict[str, str]) -> None:
-    unknown = set(image) - {"name", "newName", "newTag"}
-    if unknown:
-        raise KustomizeError(f"unsupported image fields {sorted(unknown)}")
-    pod = resource.get("spec", {}).get("template", {}).get("spec", {})
-    for container in [*pod.get("containers", []), *pod.get("initContainers", [])]:
-        name, _, tag = str(container.get("image", "")).partition(":")
-        if name != image["name"]:
-            continue
-        name = image.get("newName", name)
-        tag = image.get("newTag", tag)
-        container["image"] = f"{name}:{tag}" if tag else name
+def compose(root: Path, components: Sequence[str], namespace: str | None = None) -> Path:
+    """An overlay in `root` over the base with `components` (names under deploy/kubernetes/components),
+    placed in `namespace` the way the example overlay does it (a NamespaceTransformer that keeps the
+    discovery RBAC in the engines' namespace)."""
+    root.mkdir(parents=True, exist_ok=True)
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(BASE, root)],
+        "components": [os.path.relpath(KUBERNETES / "components" / name, root) for name in components],
+    }
+    if namespace is not None:
+        transformer = {
+            "apiVersion": "builtin",
+            "kind": "NamespaceTransformer",
+            "metadata": {"name": "warmer-namespace", "namespace": namespace},
+            "unsetOnly": True,
+            "setRoleBindingSubjects": "allServiceAccounts",
+        }
+        kustomization["transformers"] = [yaml.safe_dump(transformer)]
+    (root / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    return root

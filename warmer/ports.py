@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
+from warmer.core.kv_event_stream import EventBatch
 from warmer.core.leases import LeaseConfig, LeaseView
 from warmer.core.model import (
     BoxCapacity,
@@ -19,7 +20,6 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
-from warmer.core.residency import EventBatch
 from warmer.core.shared_state import SharedFleetState, StateChange
 from warmer.core.tokenizer_drift import TokenCountObservation
 

@@ -20,6 +20,8 @@ from testbed.fleet import LlamaBox, LlamaFleet
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.cli import main
+from warmer.cli.exits import Exit
+from warmer.core.errors import EngineDown, HealthFailure
 from warmer.core.model import BoxSpec, CacheStats, EngineKind, EngineTimeouts, ModelProfile, Prefix
 from warmer.root.engines import SystemClock
 from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
@@ -133,7 +135,9 @@ def test_a_crash_seen_by_health_changes_the_epoch(llama_fleet_factory: FleetFact
     state = RestartWatch()
     first = with_engine(lambda engine: engine.epoch(box), state)
     fleet.kill(box.id)
-    assert with_engine(lambda engine: engine.health(box), state) is False
+    with pytest.raises(EngineDown) as down:
+        with_engine(lambda engine: engine.health(box), state)
+    assert down.value.kind is HealthFailure.REFUSED, "a killed llama-server refuses the connection"
     fleet.restart(box.id)
     assert with_engine(lambda engine: engine.health(box), state) is True
     assert with_engine(lambda engine: engine.epoch(box), state) != first
@@ -204,5 +208,5 @@ slots = 1
     unknown = runner.invoke(
         main, ["--config", str(config), "warm", "--box", "nope", "--agent", "outbound-sales"]
     )
-    assert unknown.exit_code == 2
+    assert unknown.exit_code == Exit.CONFIG
     assert "unknown box 'nope'" in unknown.output

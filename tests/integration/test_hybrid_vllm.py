@@ -26,8 +26,9 @@ from testbed.tiny_hybrid_model import ensure_tiny_hybrid_model
 from testbed.vllm_server import CPU_BLOCK_SIZE, VllmServer, free_port, kv_events_args
 from warmer.adapters.engines.vllm import VllmEngine
 from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource
+from warmer.core.kv_event_stream import BlockStored
 from warmer.core.model import BoxSpec, EngineKind, EngineTimeouts, KvEventsEndpoint, ModelProfile, Prefix
-from warmer.core.residency import BlockStored, PrefixState
+from warmer.core.residency import PrefixState
 from warmer.root.engines import SystemClock
 from warmer.service.engine_signals.cache_events import CacheEventWatcher, ResetReason
 from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome

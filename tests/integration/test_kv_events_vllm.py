@@ -29,6 +29,7 @@ from warmer.adapters.engines.vllm_kv_events import ZmqKvEventSource, sha256_cbor
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
+from warmer.core.kv_event_stream import BlockStored
 from warmer.core.model import (
     BoxSpec,
     EngineKind,
@@ -39,7 +40,7 @@ from warmer.core.model import (
     RestartRecipe,
     WarmState,
 )
-from warmer.core.residency import BlockStored, PrefixResidency, PrefixState
+from warmer.core.residency import PrefixResidency, PrefixState
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.kv_events import cache_event_task
 from warmer.root.reconcile import reconciler_config, run_timers

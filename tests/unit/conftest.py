@@ -1,7 +1,8 @@
-"""Fixtures shared by the unit tests that run the real store (several test modules need the same one)."""
+"""Fixtures shared by the unit tests that run the real store or read settings (several modules need them)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,3 +16,11 @@ def store_url(tmp_path: Path) -> str:
     url = f"sqlite:///{tmp_path / 'warmer.db'}"
     upgrade_database(url)
     return url
+
+
+@pytest.fixture
+def no_warmer_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings from the test's own files only: no WARMER_* variable leaks in from the shell."""
+    for name in list(os.environ):
+        if name.startswith("WARMER_"):
+            monkeypatch.delenv(name)

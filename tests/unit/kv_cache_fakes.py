@@ -18,8 +18,8 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from warmer.core.kv_event_stream import BlockHash, BlockRemoved, BlockStored, CacheEvent, EventBatch
 from warmer.core.model import BoxSpec
-from warmer.core.residency import BlockHash, BlockRemoved, BlockStored, CacheEvent, EventBatch
 
 BS = 4  # block size of the fake engine
 

@@ -113,7 +113,9 @@ def call_and_validate(
 ) -> None:
     """Send the case as generated (webhook bodies signed with the configured secret) and run the checks."""
     kwargs = case.as_transport_kwargs(base_url=served.base_url)
-    headers = {str(k): str(v) for k, v in (kwargs.get("headers") or {}).items()}
+    # The schema declares the bearer scheme: whatever credentials were generated give way to the real one.
+    generated = (kwargs.get("headers") or {}).items()
+    headers = {str(k): str(v) for k, v in generated if str(k).lower() != "authorization"}
     headers["authorization"] = f"Bearer {TOKEN}"
     content: bytes | None = None
     if "json" in kwargs:

@@ -13,8 +13,9 @@ import pytest
 
 from tests.unit.kv_cache_fakes import FakeCache, FakePort, FakePublisher, FakeStream, TickClock
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
+from warmer.core.kv_event_stream import AllBlocksCleared
 from warmer.core.model import BoxSpec, CacheLayout, EngineKind, KvEventsEndpoint, Prefix
-from warmer.core.residency import AllBlocksCleared, PrefixState
+from warmer.core.residency import PrefixState
 from warmer.service.engine_signals.cache_events import CacheEventsConfig, CacheEventWatcher, ResetReason
 
 pytestmark = pytest.mark.timeout(30)

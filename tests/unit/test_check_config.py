@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from warmer.cli import main
+from warmer.cli.exits import Exit
 from warmer.config.loader import load_config
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import ConfigError
@@ -83,7 +84,7 @@ def test_example_config_loads_the_demo_fleet() -> None:
 
 def test_three_planted_mistakes_are_all_reported(broken_config: Path) -> None:
     result = CliRunner().invoke(main, ["check-config", str(broken_config)])
-    assert result.exit_code == 1
+    assert result.exit_code == Exit.CONFIG == 3
     reported = [line.split(": ", 1)[0] for line in result.stderr.splitlines() if ": " in line]
     for path in EXPECTED_PATHS:
         assert path in reported, result.stderr
@@ -97,7 +98,7 @@ def test_the_real_script_reports_them_too(broken_config: Path) -> None:
     done = subprocess.run(
         [script, "check-config", str(broken_config)], capture_output=True, text=True, env=env, timeout=120
     )
-    assert done.returncode == 1
+    assert done.returncode == Exit.CONFIG
     for path in EXPECTED_PATHS:
         assert f"{path}: " in done.stderr, done.stderr
     ok = subprocess.run(
@@ -110,7 +111,7 @@ def test_config_option_and_env_name_the_file(broken_config: Path) -> None:
     by_option = CliRunner().invoke(main, ["--config", str(EXAMPLE), "check-config"])
     assert by_option.exit_code == 0, by_option.output
     by_env = CliRunner().invoke(main, ["check-config"], env={"WARMER_CONFIG": str(broken_config)})
-    assert by_env.exit_code == 1
+    assert by_env.exit_code == Exit.CONFIG
 
 
 def write(tmp_path: Path, boxes: str, extra: str = "") -> Path:

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from warmer.adapters.store import head_revision
 from warmer.cli import main
+from warmer.cli.exits import Exit
 
 
 def test_db_upgrade_creates_and_migrates_the_embedded_database(tmp_path: Path) -> None:
@@ -25,6 +26,6 @@ def test_db_upgrade_creates_and_migrates_the_embedded_database(tmp_path: Path) -
 def test_db_upgrade_failure_never_echoes_the_url(tmp_path: Path) -> None:
     env = {"WARMER_DATABASE__URL": "postgresql+psycopg://warmer:secret-pw-31@127.0.0.1:1/none"}
     result = CliRunner().invoke(main, ["db", "upgrade"], env=env)
-    assert result.exit_code == 1
+    assert result.exit_code == Exit.UNAVAILABLE == 4
     assert "database upgrade failed" in result.output
     assert "secret-pw-31" not in result.output

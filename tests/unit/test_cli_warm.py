@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from warmer.cli import main
+from warmer.cli.exits import Exit
 
 
 @pytest.mark.parametrize(
@@ -29,12 +30,12 @@ def test_bad_option_combinations_exit_2(tmp_path: Path, args: list[str], message
     assert message in result.output
 
 
-def test_unreachable_adhoc_box_is_an_engine_error_exit_1(tmp_path: Path) -> None:
+def test_unreachable_adhoc_box_is_unavailable(tmp_path: Path) -> None:
     prompt = tmp_path / "p.txt"
     prompt.write_text("hello", encoding="utf-8")
     env = {"WARMER_RETRY__ATTEMPTS": "1", "WARMER_ENGINES__CONNECT_TIMEOUT_SECONDS": "0.5"}
     # Port 9 (discard) on loopback: nothing listens, the connection is refused at once.
     args = ["warm", "--base-url", "http://127.0.0.1:9", "--engine", "llamacpp", "--prefix-file", str(prompt)]
     result = CliRunner().invoke(main, args, env=env)
-    assert result.exit_code == 1
-    assert "engine error: adhoc:" in result.output
+    assert result.exit_code == Exit.UNAVAILABLE
+    assert "engine unavailable: adhoc:" in result.output

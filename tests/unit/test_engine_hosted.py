@@ -19,7 +19,14 @@ import pytest
 from tests.unit.engine_shapes import FAST_RETRY, SHORT_TIMEOUTS, Script, run
 from tests.unit.hosted_caches import GPT, SONNET
 from warmer.adapters.engines.hosted import AnthropicEngine, HostedEngine, OpenAIHostedEngine, anthropic_tool
-from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
+from warmer.core.errors import (
+    CacheFieldMissing,
+    EngineDown,
+    EngineError,
+    HealthFailure,
+    MalformedResponse,
+    NotSupported,
+)
 from warmer.core.hosted import render_request
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile, Prefix
 
@@ -160,7 +167,11 @@ def test_a_refused_key_is_an_error_that_never_names_the_key() -> None:
     refused = httpx.Response(401, json={"type": "error", "error": {"type": "authentication_error"}})
     script = Script().on("POST", "/v1/messages", refused).on("GET", "/v1/models", refused)
     engine = make(AnthropicEngine, script)
-    assert run(engine.health(CLAUDE_BOX)) is False
+    with pytest.raises(EngineDown) as down:
+        run(engine.health(CLAUDE_BOX))
+    assert down.value.kind is HealthFailure.HTTP_STATUS
+    assert "answered 401" in str(down.value)
+    assert KEY not in str(down.value)
     with pytest.raises(EngineError) as caught:
         run(engine.complete_prefix(CLAUDE_BOX, prefix([], [TOOL])))
     assert "401" in str(caught.value)

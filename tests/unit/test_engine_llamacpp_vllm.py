@@ -89,6 +89,7 @@ def test_llamacpp_names_the_slot_reports_the_one_used_and_its_capacity_is_one_pr
     assert "id_slot" not in sent[1]  # the engine chooses (longest common prefix, else least recent)
     capacity = run(engine.capacity(LLAMA))
     assert (capacity.prefixes, capacity.pinnable_slots, capacity.tokens) == (2, 2, None)
+    assert capacity.version == "b1-abc", "/props build_info names the build for the per-box info metric"
     no_slots = Script().on("GET", "/props", {"model_path": "/m/tiny.gguf"})
     assert run(llama(no_slots).capacity(LLAMA)).prefixes is None
 

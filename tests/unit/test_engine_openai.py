@@ -20,8 +20,10 @@ from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.core.errors import (
     CacheFieldMissing,
+    EngineDown,
     EngineSlow,
     EngineUnavailable,
+    HealthFailure,
     MalformedResponse,
     NotSupported,
 )
@@ -155,7 +157,9 @@ def test_health_falls_back_to_models_when_no_health_route() -> None:
     script = Script().on("GET", "/v1/models", MODELS)  # /health answers 404 (unrouted)
     assert run(engine(script).health(BOX)) is True
     down = Script().on("GET", "/health", httpx.ConnectError("refused"))
-    assert run(engine(down).health(BOX)) is False
+    with pytest.raises(EngineDown) as caught:
+        run(engine(down).health(BOX))
+    assert caught.value.kind is HealthFailure.UNREACHABLE
 
 
 def test_epoch_from_process_start_time_when_exposed() -> None:
@@ -176,7 +180,9 @@ def test_epoch_without_identity_changes_after_a_health_bounce_and_per_adapter_in
     first = run(eng.epoch(BOX))
     assert run(eng.epoch(BOX)) == first
     script.on("GET", "/health", httpx.Response(503), httpx.Response(200))
-    assert run(eng.health(BOX)) is False
+    with pytest.raises(EngineDown, match="answered 503") as caught:
+        run(eng.health(BOX))
+    assert caught.value.kind is HealthFailure.HTTP_STATUS
     assert run(eng.health(BOX)) is True
     assert run(eng.epoch(BOX)) != first
     # A new adapter (warmer restarted) cannot vouch the engine did not restart meanwhile.
@@ -196,7 +202,9 @@ def test_a_late_health_answer_is_slow_not_down_and_no_restart() -> None:
     assert run(eng.health(BOX)) is True
     assert run(eng.epoch(BOX)) == first  # the same process: a late answer was no bounce
     script.on("GET", "/health", httpx.ConnectTimeout("no route"))
-    assert run(eng.health(BOX)) is False
+    with pytest.raises(EngineDown) as caught:
+        run(eng.health(BOX))
+    assert caught.value.kind is HealthFailure.CONNECT_TIMEOUT
 
 
 def test_a_request_answered_too_late_is_slow_and_one_never_connected_is_only_unavailable() -> None:

@@ -66,6 +66,7 @@ def test_sglang_pool_is_max_total_num_tokens_and_used_is_the_token_usage_gauge()
     assert (capacity.pool_tokens, capacity.used_share) == (500_000, 0.31)
     assert capacity.tokens == prefix_budget_tokens(500_000, 0.31)
     assert "max_total_num_tokens" in capacity.source
+    assert capacity.version == server_info_with_pool(1)["version"], "/server_info names the release"
 
 
 def test_sglang_capacity_reuses_the_server_info_the_epoch_poll_read_and_reads_the_gauge_fresh() -> None:

@@ -21,7 +21,14 @@ from tests.unit.engine_shapes import (
 )
 from warmer.adapters.engines.http import EngineRejected
 from warmer.adapters.engines.sglang import SglangEngine, layout_from_server_info
-from warmer.core.errors import CacheFieldMissing, EngineUnavailable, MalformedResponse, NotSupported
+from warmer.core.errors import (
+    CacheFieldMissing,
+    EngineDown,
+    EngineUnavailable,
+    HealthFailure,
+    MalformedResponse,
+    NotSupported,
+)
 from warmer.core.model import CacheTier, EngineKind, MambaStrategy, ModelProfile, Prefix
 from warmer.service.engine_work.warming import WarmExecutor
 
@@ -131,9 +138,11 @@ def test_4xx_is_not_retried() -> None:
 
 
 def test_health_is_200_only_and_503_while_starting_is_down() -> None:
-    script = Script().on("GET", "/health", httpx.Response(503), httpx.Response(200))
+    script = Script().on("GET", "/health", httpx.Response(503, text="loading"), httpx.Response(200))
     eng = engine(script)
-    assert run(eng.health(BOX)) is False
+    with pytest.raises(EngineDown, match="answered 503: loading") as caught:
+        run(eng.health(BOX))
+    assert caught.value.kind is HealthFailure.HTTP_STATUS
     assert run(eng.health(BOX)) is True
 
 
@@ -147,12 +156,14 @@ def test_epoch_without_startup_time_follows_the_seed_and_unreachable_bounces_not
     second = run(eng.epoch(BOX))
     assert second != first
     script.on("GET", "/health", httpx.Response(503), httpx.Response(200))  # a live process said 503
-    run(eng.health(BOX))
+    with pytest.raises(EngineDown):
+        run(eng.health(BOX))
     run(eng.health(BOX))
     assert run(eng.epoch(BOX)) == second
     script.on("GET", "/health", httpx.ConnectError("refused"), httpx.Response(200))  # gone, then back
     script.on("GET", "/model_info", httpx.ConnectError("refused"))
-    assert run(eng.health(BOX)) is False
+    with pytest.raises(EngineDown):
+        run(eng.health(BOX))
     assert run(eng.health(BOX)) is True
     assert run(eng.epoch(BOX)) != second
     # Nothing in this info names the process: another warmer (adapter) instance cannot trust the epoch.
@@ -231,7 +242,9 @@ def test_health_timeout_on_a_box_that_does_not_answer_is_down() -> None:
         .on("GET", "/health", httpx.ReadTimeout("nothing"))
         .on("GET", "/model_info", httpx.ConnectTimeout("nothing"))
     )
-    assert run(engine(script).health(BOX)) is False
+    with pytest.raises(EngineDown, match="timed out") as caught:
+        run(engine(script).health(BOX))
+    assert caught.value.kind is HealthFailure.TIMEOUT
 
 
 def test_cache_stats_from_metrics() -> None:

@@ -20,6 +20,7 @@ from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.adapters.engines.sglang import SglangEngine
 from warmer.adapters.engines.vllm import VllmEngine
+from warmer.cli.exits import Exit
 from warmer.cli.hitrate import hitrate
 from warmer.core.hitrate import (
     HitRateSource,
@@ -383,7 +384,7 @@ def test_cli_json_and_min_tokens() -> None:
 
 def test_cli_fail_below_sets_the_exit_status() -> None:
     result = CliRunner().invoke(hitrate, ["--sglang-log", str(SAMPLE_LOG), "--fail-below"])
-    assert result.exit_code == 3
+    assert result.exit_code == Exit.FAILED
     passing = CliRunner().invoke(
         hitrate, ["--sglang-log", str(SAMPLE_LOG), "--fail-below", "--threshold", "0.3"]
     )

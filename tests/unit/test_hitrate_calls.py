@@ -29,6 +29,7 @@ from tests.call_log_world import (
     records,
 )
 from warmer.cli import main
+from warmer.cli.exits import Exit
 from warmer.config.loader import load_config
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
@@ -195,7 +196,7 @@ def test_bad_input_exits_non_zero_naming_file_line_and_field(
     path = tmp_path / "calls.jsonl"
     path.write_text(content)
     result = CliRunner().invoke(main, ["hitrate", "--calls", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == Exit.USAGE, "the file named on the command line is not records"
     assert f"Error: {path}{where}" in result.output
 
 
@@ -203,7 +204,7 @@ def test_bad_csv_cell_names_its_line(tmp_path: Path) -> None:
     path = tmp_path / "calls.csv"
     path.write_text("call_id,turn,prompt_tokens,cached_tokens\na,1,7200,1024\nb,1,7200,lots\n")
     result = CliRunner().invoke(main, ["hitrate", "--calls", str(path)])
-    assert result.exit_code == 1
+    assert result.exit_code == Exit.USAGE
     assert f"Error: {path}:3: cached_tokens: must be a non-negative integer" in result.output
 
 
@@ -239,7 +240,7 @@ def test_fail_below_judges_the_turn1_hit_rate() -> None:
     result = CliRunner().invoke(
         main, ["hitrate", "--calls", str(EXAMPLE_LOG), "--threshold", "0.5", "--fail-below"]
     )
-    assert result.exit_code == 3
+    assert result.exit_code == Exit.FAILED
 
 
 def test_chart_writes_a_png(tmp_path: Path) -> None:
@@ -260,7 +261,7 @@ def test_chart_without_matplotlib_names_the_extra(tmp_path: Path, monkeypatch: p
     result = CliRunner().invoke(
         main, ["hitrate", "--calls", str(EXAMPLE_LOG), "--chart", str(tmp_path / "c.png")]
     )
-    assert result.exit_code == 1
+    assert result.exit_code == Exit.UNAVAILABLE
     assert "--chart needs matplotlib, the `charts` extra: pip install 'warmer[charts]'" in result.output
     assert not (tmp_path / "c.png").exists()
 

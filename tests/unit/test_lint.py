@@ -23,6 +23,7 @@ from tests.unit.prompt_helpers import (
 )
 from tests.unit.test_prefix import TOOLS_AFTER_SYSTEM
 from warmer.cli import main
+from warmer.cli.exits import Exit
 from warmer.cli.lint import lint_command
 from warmer.cli.prompts import PROMPT_TOOLS_KEY, render_command
 from warmer.config.agents import load_agent_specs
@@ -239,7 +240,7 @@ def test_cli_render_text_and_unknown_agent() -> None:
     assert result.exit_code == 0
     assert "<|im_start|>system\nYou are Maya" in result.output
     missing = CliRunner().invoke(render_command, ["nobody", *DIRS])
-    assert missing.exit_code == 2
+    assert missing.exit_code == Exit.CONFIG
     assert "unknown agent 'nobody'" in missing.output
 
 

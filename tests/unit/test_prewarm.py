@@ -23,8 +23,8 @@ from warmer.core.model import BoxSpec, WarmState
 from warmer.core.planner import PlannerConfig
 from warmer.core.readiness import Route
 from warmer.core.warm_budget import WarmBudget
+from warmer.service.dialer.call_spread import CallVolumeMeter, pick_route
 from warmer.service.dialer.prewarm import (
-    CallVolumeMeter,
     PrewarmAnswer,
     PrewarmAsk,
     PrewarmService,
@@ -32,7 +32,6 @@ from warmer.service.dialer.prewarm import (
     PrewarmUnavailable,
     ReconcilerBackend,
     UnknownPrewarmAgent,
-    pick_route,
 )
 
 TOKEN = "dialer-token"

@@ -12,21 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.kv_cache_fakes import BS, FakeCache
-from warmer.core.residency import (
+from warmer.core.kv_event_stream import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    BoxResidency,
     CacheEvent,
     EventBatch,
-    MirrorOverflow,
-    PrefixResidency,
-    PrefixState,
     SequenceCursor,
     SeqVerdict,
-    block_digests,
     replay_covers,
 )
+from warmer.core.residency import BoxResidency, MirrorOverflow, PrefixResidency, PrefixState, block_digests
 
 
 def ids(n: int, start: int = 100) -> list[int]:

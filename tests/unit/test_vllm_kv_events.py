@@ -34,8 +34,8 @@ from warmer.adapters.engines.vllm_kv_events import (
     sha256_cbor_hasher,
 )
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
+from warmer.core.kv_event_stream import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 from warmer.core.model import BoxSpec, EngineKind, KvEventsEndpoint, Prefix
-from warmer.core.residency import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 pytestmark = pytest.mark.timeout(30)
 

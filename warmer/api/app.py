@@ -13,13 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastapi import APIRouter, FastAPI
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm, usage
 from warmer.api.observe import RequestMetricsMiddleware
-from warmer.api.services import ApiServices, Readiness
+from warmer.api.services import ApiServices, Liveness, Readiness
 from warmer.api.storeerrors import store_unavailable
 from warmer.core.errors import StoreError
+
+# Routes whose requests make no span: liveness and readiness probes and metric scrapes, every few seconds.
+UNTRACED = "/healthz,/readyz,/metrics"
 
 ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
     health.router,
@@ -51,7 +55,12 @@ class WarmerApi(FastAPI):
         observer = self._services.requests
         if observer is not None:
             framework = RequestMetricsMiddleware(framework, observer)
-        return prewarm.PrewarmFrontDoor(framework, prewarm.PrewarmHandler(self._services), observer)
+        entry: ASGIApp = prewarm.PrewarmFrontDoor(framework, prewarm.PrewarmHandler(self._services), observer)
+        provider = self._services.tracer_provider
+        if provider is not None:
+            # Outermost, so the pre-call front door is traced too; probes and scrapes make no spans.
+            entry = OpenTelemetryMiddleware(entry, excluded_urls=UNTRACED, tracer_provider=provider)
+        return entry
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         entry = self._entry
@@ -74,4 +83,4 @@ def create_app(services: ApiServices) -> FastAPI:
     return app
 
 
-__all__ = ["ApiServices", "Readiness", "WarmerApi", "create_app"]
+__all__ = ["ApiServices", "Liveness", "Readiness", "WarmerApi", "create_app"]

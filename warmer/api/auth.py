@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
-from fastapi import HTTPException, Request, status
+from fastapi import HTTPException, Request, Security, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from warmer.api.services import ApiServices
 
 UNAUTHORIZED_DETAIL = "missing or invalid bearer token"
+# The scheme the OpenAPI document declares for every protected operation (components.securitySchemes), so
+# generated clients and /docs send the token. It documents only: the check below does the comparing.
+BEARER = HTTPBearer(
+    scheme_name="bearer",
+    description="A token from api.tokens: `Authorization: Bearer <token>`.",
+    auto_error=False,
+)
+_DECLARED = Security(BEARER)
+# The same declaration for an operation that checks the token itself (the pre-call front door).
+SECURED: dict[str, Any] = {"security": [{"bearer": []}]}
 
 
 def expected_tokens(services: ApiServices) -> tuple[bytes, ...]:
@@ -40,7 +52,7 @@ def require_token(services: ApiServices) -> Callable[[Request], Awaitable[None]]
     for a check that takes microseconds."""
     expected = expected_tokens(services)
 
-    async def check(request: Request) -> None:
+    async def check(request: Request, _declared: HTTPAuthorizationCredentials | None = _DECLARED) -> None:
         if not bearer_accepted(expected, request.headers.get("authorization", "")):
             raise HTTPException(
                 status_code=status.HTTP_401_UNAUTHORIZED,

@@ -8,16 +8,29 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from warmer.api.schemas import Health, NotReady, Ready, described
+from warmer.api.schemas import Health, NotReady, Ready, Stalled, described
 from warmer.api.services import ApiServices
 
 
 def router(services: ApiServices) -> APIRouter:
     routes = APIRouter(tags=["health"])
 
-    @routes.get("/healthz", summary="Liveness: the process is up and serving HTTP", response_model=Health)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @routes.get(
+        "/healthz",
+        summary="Liveness: the process serves HTTP and its reconcile loop finished a pass recently",
+        responses={
+            200: described(Health, "Alive"),
+            503: described(Stalled, "A loop is stuck; `reason` says which and for how long"),
+        },
+    )
+    async def healthz() -> JSONResponse:
+        try:
+            liveness = services.liveness()
+        except Exception as exc:  # a liveness probe must answer; a broken check is not a wedged loop
+            return JSONResponse({"status": "ok", "note": f"liveness check failed: {exc}"})
+        if liveness.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "stalled", "reason": liveness.reason}, 503)
 
     @routes.get(
         "/readyz",

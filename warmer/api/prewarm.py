@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from warmer.api.auth import UNAUTHORIZED_DETAIL, bearer_accepted, expected_tokens
+from warmer.api.auth import SECURED, UNAUTHORIZED_DETAIL, bearer_accepted, expected_tokens
 from warmer.api.observe import RequestObserver
 from warmer.api.schemas import (
     UNAUTHORIZED,
@@ -263,7 +263,8 @@ def router(services: ApiServices) -> APIRouter:
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": PrewarmBody.model_json_schema()}},
-            }
+            },
+            **SECURED,  # checked by the front door itself, before routing
         },
         responses={
             200: described(PrewarmAnswerBody, "The box for the call and the agent's prefix state there"),

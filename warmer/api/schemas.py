@@ -20,6 +20,11 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class Stalled(BaseModel):
+    status: Literal["stalled"]
+    reason: str
+
+
 class Ready(BaseModel):
     status: Literal["ready"]
 

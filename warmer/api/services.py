@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from opentelemetry.trace import TracerProvider
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
@@ -31,6 +32,18 @@ class Readiness:
 
     ready: bool
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """Whether the daemon's loops make progress; `reason` says what is stuck (shown in /healthz)."""
+
+    alive: bool
+    reason: str = ""
+
+
+def always_alive() -> Liveness:
+    return Liveness(True)
 
 
 class CapacityQueries(Protocol):
@@ -55,4 +68,6 @@ class ApiServices:
     webhook_max_body_bytes: int = DEFAULT_WEBHOOK_MAX_BODY_BYTES  # deploy webhook bodies; bigger is 413
     capacity: CapacityQueries | None = None  # prefill budget per agent group (GET /v1/capacity)
     requests: RequestObserver | None = None  # every request by route template (warmer_http_requests)
+    liveness: Callable[[], Liveness] = always_alive  # must not raise; answers /healthz
+    tracer_provider: TracerProvider | None = None  # traces every request when set (`[tracing]`)
     usage: UsageService | None = None  # per-turn usage reports and turn 1 over them (POST/GET /v1/usage)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import click
 
+from warmer.cli.exits import BadInput
 from warmer.core.call_report import CallUsageReport, HitRate
 from warmer.core.call_usage import RecordFields, UsageFieldError, UsageRecord, nest_csv_row, read_usage_record
 
 
 def _fail(path: Path, line: int, message: str) -> click.ClickException:
-    return click.ClickException(f"{path}:{line}: {message}")
+    return BadInput(f"{path}:{line}: {message}")
 
 
 def _documents(path: Path, fmt: str) -> Iterator[tuple[int, Mapping[str, object]]]:
@@ -69,11 +70,11 @@ def read_call_records(path: Path, fields: RecordFields, fmt: str | None = None) 
             seen[key] = number
             records.append(record)
     except UnicodeDecodeError as exc:
-        raise click.ClickException(f"{path}: not UTF-8 text ({exc.reason})") from exc
+        raise BadInput(f"{path}: not UTF-8 text ({exc.reason})") from exc
     except csv.Error as exc:
-        raise click.ClickException(f"{path}: {exc}") from exc
+        raise BadInput(f"{path}: {exc}") from exc
     if not records:
-        raise click.ClickException(f"{path}: no records")
+        raise BadInput(f"{path}: no records")
     return records
 
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import click
-
+from warmer.cli.exits import Unavailable
 from warmer.core.call_report import CallUsageReport
 
 EXTRA_HINT = "pip install 'warmer[charts]'"
@@ -21,7 +20,7 @@ def write_chart(path: Path, report: CallUsageReport, turn1_cached: Sequence[int]
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError as exc:
-        raise click.ClickException(f"--chart needs matplotlib, the `charts` extra: {EXTRA_HINT}") from exc
+        raise Unavailable(f"--chart needs matplotlib, the `charts` extra: {EXTRA_HINT}") from exc
     figure = Figure(figsize=(11, 4.2), layout="constrained")
     FigureCanvasAgg(figure)
     by_turn, histogram = figure.subplots(1, 2)
@@ -61,4 +60,4 @@ def write_chart(path: Path, report: CallUsageReport, turn1_cached: Sequence[int]
     try:
         figure.savefig(path, format="png", dpi=100)
     except OSError as exc:
-        raise click.ClickException(f"{path}: {exc.strerror or exc}") from exc
+        raise Unavailable(f"{path}: {exc.strerror or exc}") from exc

@@ -15,7 +15,7 @@ from warmer.cli.group import CliState, pass_state
 def check_config(state: CliState, path: Path | None) -> None:
     """Validate PATH (default: --config / WARMER_CONFIG) with its model profiles and agents.
 
-    Prints each problem as `field.path: message` on stderr and exits 1; prints a short summary and exits 0
+    Prints each problem as `field.path: message` on stderr and exits 3; prints a short summary and exits 0
     when the configuration is valid. Environment overrides (WARMER_*) are applied, as `serve` would.
     """
     loaded = state.load_config(path)

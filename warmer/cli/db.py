@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from warmer.cli.exits import Exit, fail
 from warmer.cli.group import CliState, pass_state
 
 
@@ -27,6 +28,6 @@ def upgrade(state: CliState) -> None:
         revision = upgrade_schema(settings)
     except Exception as exc:
         # The URL may carry a password: name the failure, never echo the URL.
-        raise click.ClickException(f"database upgrade failed: {type(exc).__name__}: {exc}") from None
+        fail(Exit.UNAVAILABLE, f"Error: database upgrade failed: {type(exc).__name__}: {exc}")
     where = f"embedded sqlite in {settings.database.state_dir}" if settings.database.is_embedded else "server"
     click.echo(f"database at revision {revision} ({where})")

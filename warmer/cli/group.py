@@ -12,6 +12,7 @@ from typing import NoReturn
 import click
 
 import warmer
+from warmer.cli.exits import Exit
 from warmer.config.loader import LoadedConfig, load_config
 from warmer.config.settings import CONFIG_ENV_VAR, Settings, load_settings
 from warmer.core.errors import ConfigError
@@ -26,14 +27,14 @@ class CliState:
     config_path: Path | None
 
     def load_config(self, path: Path | None = None) -> LoadedConfig:
-        """The validated whole config, or exit 1 listing every problem by field path."""
+        """The validated whole config, or exit 3 (Exit.CONFIG) listing every problem by field path."""
         try:
             return load_config(path if path is not None else self.config_path)
         except ConfigError as exc:
             fail_with_problems(exc)
 
     def load_settings(self) -> Settings:
-        """Only the settings tree (enough for database commands), or exit 1 listing the problems."""
+        """Only the settings tree (enough for database commands), or exit 3 listing the problems."""
         try:
             return load_settings(self.config_path)
         except ConfigError as exc:
@@ -44,12 +45,12 @@ pass_state = click.make_pass_decorator(CliState)
 
 
 def fail_with_problems(error: ConfigError) -> NoReturn:
-    """Print each problem as `path: message` on stderr and exit 1."""
+    """Print each problem as `path: message` on stderr and exit with `Exit.CONFIG`."""
     for path, message in error.problems:
         click.echo(f"{path}: {message}", err=True)
     count = len(error.problems)
     click.echo(f"config invalid: {count} problem{'s' if count != 1 else ''}", err=True)
-    raise SystemExit(1)
+    raise SystemExit(Exit.CONFIG)
 
 
 @click.group(context_settings=CONTEXT_SETTINGS)

@@ -13,6 +13,7 @@ import httpx
 
 from warmer.cli.calls import print_call_report, read_call_records
 from warmer.cli.chart import write_chart
+from warmer.cli.exits import Exit, fail
 from warmer.cli.prompts import fail_config, profile_of, tools_for
 from warmer.config.loader import load_config
 from warmer.core.agents import AgentSpec
@@ -107,7 +108,7 @@ def _scrape(client: httpx.Client, url: str, engine: EngineKind | None) -> tuple[
     try:
         response = client.get(url)
     except httpx.HTTPError as exc:
-        raise click.ClickException(f"{url}: {type(exc).__name__}: {exc}") from exc
+        fail(Exit.UNAVAILABLE, f"Error: {url}: {type(exc).__name__}: {exc}")
     if response.status_code != 200:
         raise click.ClickException(f"{url}: HTTP {response.status_code} (llama-server needs --metrics)")
     try:
@@ -214,7 +215,7 @@ _CALLS_HELP = (
     show_default=True,
     help="Hit rate below which the result is flagged (with --calls: the turn-1 hit rate).",
 )
-@click.option("--fail-below", is_flag=True, help="Exit with status 3 when the hit rate is below --threshold.")
+@click.option("--fail-below", is_flag=True, help="Exit with status 1 when the hit rate is below --threshold.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.option(
     "--calls-format",
@@ -355,4 +356,4 @@ def hitrate(
             if check.alert:
                 click.echo(f"  below the {threshold:.0%} threshold")
     if fail_below and below:
-        raise SystemExit(3)
+        raise SystemExit(Exit.FAILED)

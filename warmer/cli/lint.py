@@ -19,6 +19,7 @@ import click
 
 from warmer import __version__
 from warmer.adapters.store import read_prefix_token_history
+from warmer.cli.exits import Exit
 from warmer.cli.prompts import (
     PROMPT_TOOLS_KEY,
     config_options,
@@ -37,8 +38,6 @@ from warmer.core.model import ModelProfile, prefix_hash
 from warmer.core.prefix import StablePrefix, compute_stable_prefix
 from warmer.core.tokenizer_drift import TokenCountObservation, detect_tokenizer_drift
 
-EXIT_BELOW_MIN_SHARE = 1
-EXIT_LINT_ERRORS = 1  # like every linter: error-level findings fail the run (--report-only opts out)
 # Engine version lint records for its own count when the prompt tools are injected (not the offline
 # profile files): drift is then judged against the newest recorded count of any version.
 INJECTED_TOOLS_VERSION = "lint:injected-tools"
@@ -252,6 +251,6 @@ def lint_command(
                 "(--report-only reports without failing)"
             )
     if below:
-        sys.exit(EXIT_BELOW_MIN_SHARE)
+        sys.exit(Exit.FAILED)
     if failing:
-        sys.exit(EXIT_LINT_ERRORS)
+        sys.exit(Exit.FAILED)  # like every linter (--report-only opts out)

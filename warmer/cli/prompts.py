@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from warmer.cli.exits import Exit
 from warmer.config.agents import load_agent_specs
 from warmer.config.loader import load_config
 from warmer.config.profiles import load_profile_set
@@ -29,7 +30,6 @@ from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stabl
 PromptToolsFactory = Callable[[ModelProfile], tuple[RenderFn, TokenizeFn]]
 
 PROMPT_TOOLS_KEY = "warmer.prompt_tools"
-EXIT_CONFIG_ERROR = 2
 
 
 def offline_prompt_tools(profile: ModelProfile) -> tuple[RenderFn, TokenizeFn]:
@@ -112,7 +112,7 @@ def fail_config(exc: ConfigError) -> None:
     click.echo("configuration error:", err=True)
     for path, message in exc.problems:
         click.echo(f"  {path}: {message}", err=True)
-    sys.exit(EXIT_CONFIG_ERROR)
+    sys.exit(Exit.CONFIG)
 
 
 def render_json(spec: AgentSpec, stable: StablePrefix) -> dict[str, object]:

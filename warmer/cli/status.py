@@ -8,17 +8,15 @@ give. Uses the first configured bearer token when the API requires one.
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
 import httpx
 
+from warmer.cli.exits import Exit, fail
 from warmer.cli.group import CliState, pass_state
 from warmer.config.settings import Settings
 from warmer.root.http import sync_http_client
-
-EXIT_UNREACHABLE = 1
 
 
 def daemon_url(settings: Settings) -> str:
@@ -35,9 +33,13 @@ def _seconds(value: object) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.2f}s"
 
 
-def _health(box: dict[str, Any]) -> str:
+def health_cell(box: dict[str, Any]) -> str:
+    """The HEALTH column: up, up with late answers in a row, or DOWN and how (refused, http_status...)."""
     late = box.get("health_slow_polls") or 0
-    return "DOWN" if not box["healthy"] else f"up, {late} late" if late else "up"
+    if not box["healthy"]:
+        kind = box.get("health_error_kind")
+        return f"DOWN ({kind})" if kind else "DOWN"
+    return f"up, {late} late" if late else "up"
 
 
 def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]]) -> str:
@@ -67,7 +69,7 @@ def render_table(boxes: list[dict[str, Any]], routes: dict[str, dict[str, Any]])
         rows.append(
             (
                 box["id"],
-                _health(box),
+                health_cell(box),
                 (box["epoch"] or "-")[-24:],
                 box["warmup"],
                 "yes" if ready["ready"] else "no",
@@ -113,7 +115,7 @@ def status(state: CliState, as_json: bool, url: str | None) -> None:
     warmer --config config/example.toml status
     warmer --config config/example.toml status --json | jq '.routes'
 
-    Exit status 1 when the daemon cannot be reached.
+    Exit status 4 when the daemon cannot be reached.
     """
     settings = state.load_settings()
     base = url.rstrip("/") if url else daemon_url(settings)
@@ -125,12 +127,12 @@ def status(state: CliState, as_json: bool, url: str | None) -> None:
             boxes_response = client.get("/v1/boxes")
             routes_response = client.get("/v1/routes")
     except httpx.HTTPError as exc:
-        click.echo(f"cannot reach the daemon at {base}: {exc}", err=True)
-        sys.exit(EXIT_UNREACHABLE)
+        fail(Exit.UNAVAILABLE, f"cannot reach the daemon at {base}: {exc}")
     for response in (boxes_response, routes_response):
         if response.status_code != 200:
-            click.echo(f"{response.request.url.path}: HTTP {response.status_code}: {response.text}", err=True)
-            sys.exit(EXIT_UNREACHABLE)
+            fail(
+                Exit.UNAVAILABLE, f"{response.request.url.path}: HTTP {response.status_code}: {response.text}"
+            )
     boxes = boxes_response.json()["boxes"]
     routes = routes_response.json()["routes"]
     if as_json:

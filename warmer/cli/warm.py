@@ -17,24 +17,21 @@ from typing import NoReturn
 
 import click
 
+from warmer.cli.exits import Exit, fail
 from warmer.cli.group import CliState, pass_state
 from warmer.cli.prompts import offline_prompt_tools
 from warmer.config.loader import LoadedConfig
 from warmer.config.settings import Settings
-from warmer.core.errors import ConfigError, EngineError, NotSupported
+from warmer.core.errors import ConfigError, EngineError, EngineUnavailable, NotSupported
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile, Prefix
 from warmer.core.prefix import compute_stable_prefix
 from warmer.ports import EnginePort
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
-EXIT_NOT_VERIFIED = 1
-EXIT_USAGE = 2
-
 
 def _usage(message: str) -> NoReturn:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(EXIT_USAGE)
+    fail(Exit.USAGE, f"error: {message}")
 
 
 def _config_target(
@@ -124,7 +121,8 @@ def warm_command(
     warmer --config config/example.toml warm --box llama-1 --agent outbound-sales
     warmer warm --base-url http://127.0.0.1:8091 --engine llamacpp --prefix-file prompt.txt
 
-    Exit status 0 when the engine reported the hit, 1 when it did not, 2 on usage or config errors.
+    Exit status 0 when the engine reported the hit, 1 when it did not, 2 on usage errors, 3 on config
+    errors (an unknown box or agent), 4 when the engine does not answer.
     """
     if (agent_id is None) == (prefix_file is None):
         _usage("give exactly one of --agent or --prefix-file")
@@ -158,15 +156,16 @@ def warm_command(
     except ConfigError as exc:
         for path, message in exc.problems:
             click.echo(f"{path}: {message}", err=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(Exit.CONFIG)
+    except EngineUnavailable as exc:
+        fail(Exit.UNAVAILABLE, f"engine unavailable: {exc}")
     except EngineError as exc:
-        click.echo(f"engine error: {exc}", err=True)
-        sys.exit(EXIT_NOT_VERIFIED)
+        fail(Exit.FAILED, f"engine error: {exc}")
     if as_json:
         click.echo(json.dumps(_outcome_json(outcome), indent=2))
     else:
         click.echo(outcome.describe())
-    sys.exit(0 if outcome.verified else EXIT_NOT_VERIFIED)
+    sys.exit(Exit.OK if outcome.verified else Exit.FAILED)
 
 
 def _outcome_json(outcome: WarmOutcome) -> dict[str, object]:

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from warmer.config.section import Section, http_url
+from warmer.core.label_selector import parse_label_selector
 from warmer.core.model import EngineKind, KvEventsEndpoint
 
 
@@ -211,8 +212,9 @@ class KubernetesDiscoverySettings(Section):
         default=15.0,
         gt=0,
         description=(
-            "Seconds between listings. A new pod is a box within this bound; the reconciler then warms it "
-            "before any route uses it, so a short interval costs one small API call and no traffic."
+            "The longest wait before watching again after the API failed (the backoff starts at 1 s and "
+            "doubles up to this). Pods are watched: a new one is a box as soon as the API reports it, and "
+            "the reconciler warms it before any route uses it."
         ),
     )
     api_url: str = Field(
@@ -232,6 +234,12 @@ class KubernetesDiscoverySettings(Section):
     @classmethod
     def _valid_api_url(cls, value: str) -> str:
         return http_url(value, "api_url")
+
+    @field_validator("label_selector")
+    @classmethod
+    def _valid_label_selector(cls, value: str) -> str:
+        parse_label_selector(value)  # a ValueError names the bad requirement
+        return value
 
 
 class FleetSettings(Section):

@@ -1,5 +1,8 @@
 """How the daemon works its fleet: `[reconcile]`, `[engines]`, `[retry]`, `[hitrate]`, `[capacity]`,
-`[dialer]` and `[gate]`."""
+`[dialer]` and `[gate]`.
+
+Size: one table per section with every setting's default and why, so each is documented once.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +36,16 @@ class ReconcileSettings(Section):
         description=(
             "Seconds between engine health/epoch polls per box. A restart is caught within this bound, "
             "before the gateway sends real calls to a cold process."
+        ),
+    )
+    stall_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "GET /healthz fails (503) when no reconcile pass has finished for this long, so a liveness probe "
+            "restarts a daemon whose loop is wedged. A pass that ends on a database error still counts "
+            "(the loop is alive; /readyz reports the database). Well above interval_seconds and the engine "
+            "health timeout: a pass polls every box once."
         ),
     )
     health_slow_polls_allowed: int = Field(
@@ -108,6 +121,16 @@ class ReconcileSettings(Section):
     def retire_idle_after(self) -> float | None:
         """The planner's idle cut-off: None (never retire) for 0, since TOML has no null to write."""
         return self.retire_idle_after_seconds or None
+
+    @model_validator(mode="after")
+    def _stall_above_a_pass(self) -> ReconcileSettings:
+        # Below two intervals a healthy loop would be restarted between its passes.
+        if self.stall_seconds < 2 * max(self.interval_seconds, self.health_poll_seconds):
+            raise ValueError(
+                "stall_seconds must be at least twice interval_seconds and health_poll_seconds "
+                f"(a healthy loop passes every {max(self.interval_seconds, self.health_poll_seconds):g}s)"
+            )
+        return self
 
 
 class EngineSettings(Section):

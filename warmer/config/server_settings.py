@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from warmer.config.section import Section
+from warmer.config.section import Section, http_url
 from warmer.core.webhook import BoxUrlPolicy, check_box_url_pattern
 
 EMBEDDED_DATABASE_FILE = "warmer.db"
@@ -270,3 +270,34 @@ class LoggingSettings(Section):
     @classmethod
     def _upper(cls, value: object) -> object:
         return value.upper() if isinstance(value, str) else value
+
+
+class TracingSettings(Section):
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Send OpenTelemetry traces over OTLP/HTTP: a span per API request (a dialer's `traceparent` "
+            "header makes the pre-call ask part of the call's trace) and per engine or gateway request, "
+            "the warm a pre-call ask starts included, each carrying `traceparent` to the engine. Off: no "
+            "span is made."
+        ),
+    )
+    otlp_endpoint: str = Field(
+        default="http://127.0.0.1:4318/v1/traces",
+        description="Where spans go: an OTLP/HTTP traces endpoint (a collector, or the backend itself).",
+    )
+    sample_ratio: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description=(
+            "Share of new traces recorded (0-1). A request that arrives with a sampled `traceparent` is "
+            "always recorded, so a dialer's sampling decision holds end to end."
+        ),
+    )
+    service_name: str = Field(default="warmer", min_length=1, description="`service.name` of the spans.")
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _valid_endpoint(cls, value: str) -> str:
+        return http_url(value, "otlp_endpoint")

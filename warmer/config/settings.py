@@ -36,7 +36,13 @@ from warmer.config.loop_settings import (
     RetrySettings,
     UsageSettings,
 )
-from warmer.config.server_settings import ApiSettings, DatabaseSettings, LoggingSettings, ReplicaSettings
+from warmer.config.server_settings import (
+    ApiSettings,
+    DatabaseSettings,
+    LoggingSettings,
+    ReplicaSettings,
+    TracingSettings,
+)
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, CacheTier, EngineKind, EngineTimeouts, ModelProfile, RetryPolicy
 
@@ -62,6 +68,9 @@ class Settings(BaseSettings):
     engines: EngineSettings = Field(default_factory=EngineSettings, description="Engine HTTP timeouts.")
     retry: RetrySettings = Field(default_factory=RetrySettings, description="Transient-failure retries.")
     logging: LoggingSettings = Field(default_factory=LoggingSettings, description="Log level and format.")
+    tracing: TracingSettings = Field(
+        default_factory=TracingSettings, description="OpenTelemetry traces over OTLP (off by default)."
+    )
     fleet: FleetSettings = Field(default_factory=FleetSettings, description="Boxes, profiles, agents.")
     hitrate: HitRateSettings = Field(
         default_factory=HitRateSettings, description="Per-box cache hit-rate monitor and its alert."

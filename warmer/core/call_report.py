@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from warmer.core.call_usage import UsageRecord
@@ -319,17 +319,7 @@ def analyze_call_usage(
             if record.box:
                 boxes[record.box].add(record)
     turn1 = [r for r in unique if r.turn == 1]
-    values = Counter(r.cached_tokens for r in turn1)
-    ranked = sorted(values.items(), key=lambda item: (-item[1], -item[0]))[: options.top]
-    spikes = []
-    splits = []
-    for agent in sorted(agent_records):
-        mine = agent_records[agent]
-        agent_turn1 = [r for r in mine if r.turn == 1]
-        spike = _agent_spike(agent, agent_turn1, _step(mine))
-        if spike is not None:
-            spikes.append(spike)
-        splits.append(_split(agent, agent_turn1, len(agent_calls[agent]), shares.get(agent), options))
+    spikes, splits = _per_agent(agent_records, agent_calls, shares, options)
     return CallUsageReport(
         records=len(unique),
         calls=len(last_turn),
@@ -341,16 +331,43 @@ def analyze_call_usage(
         by_turns_in_call=tuple(by_length[k].rate(k) for k in sorted(by_length, key=_bucket_order)),
         by_group=tuple(GroupRates(g, groups[g][1].rate(g), groups[g][0].rate(g)) for g in sorted(groups)),
         by_box=tuple(boxes[b].rate(b) for b in sorted(boxes)),
-        distribution=CachedDistribution(
-            requests=len(turn1),
-            zero_hit_requests=values.get(0, 0),
-            top_values=tuple(ValueCount(v, c, c / len(turn1)) for v, c in ranked),
-            buckets=cached_token_buckets(r.cached_tokens for r in turn1),
-            spikes=tuple(spikes),
-        ),
+        distribution=_distribution(turn1, spikes, options.top),
         agents=tuple(splits),
         depth_ok=options.depth_ok,
         coverage_ok=options.coverage_ok,
+    )
+
+
+def _per_agent(
+    agent_records: Mapping[str, list[UsageRecord]],
+    agent_calls: Mapping[str, set[str]],
+    shares: Mapping[str, float],
+    options: CallUsageOptions,
+) -> tuple[list[CachedSpike], list[AgentSplit]]:
+    """Each agent's turn-1 spike (where it has one) and its depth vs coverage split."""
+    spikes, splits = [], []
+    for agent in sorted(agent_records):
+        mine = agent_records[agent]
+        agent_turn1 = [r for r in mine if r.turn == 1]
+        spike = _agent_spike(agent, agent_turn1, _step(mine))
+        if spike is not None:
+            spikes.append(spike)
+        splits.append(_split(agent, agent_turn1, len(agent_calls[agent]), shares.get(agent), options))
+    return spikes, splits
+
+
+def _distribution(
+    turn1: Sequence[UsageRecord], spikes: Sequence[CachedSpike], top: int
+) -> CachedDistribution:
+    """The turn-1 cached-token distribution: the most frequent values, the buckets, the spikes."""
+    values = Counter(r.cached_tokens for r in turn1)
+    ranked = sorted(values.items(), key=lambda item: (-item[1], -item[0]))[:top]
+    return CachedDistribution(
+        requests=len(turn1),
+        zero_hit_requests=values.get(0, 0),
+        top_values=tuple(ValueCount(v, c, c / len(turn1)) for v, c in ranked),
+        buckets=cached_token_buckets(r.cached_tokens for r in turn1),
+        spikes=tuple(spikes),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 
 class WarmerError(Exception):
     """Base of every error warmer raises on purpose."""
@@ -26,6 +28,26 @@ class EngineUnavailable(EngineError):
 class EngineSlow(EngineUnavailable):
     """The engine took the connection but did not answer within the time limit: busy, not known to be
     down (a refused connection or a 5xx is `EngineUnavailable` itself)."""
+
+
+class HealthFailure(StrEnum):
+    """How a box's health poll failed: each points an operator somewhere else."""
+
+    REFUSED = "refused"  # nothing listens on the port: the engine process is down or restarting
+    CONNECT_TIMEOUT = "connect_timeout"  # no answer to the connection: host down, or packets dropped
+    UNREACHABLE = "unreachable"  # another transport failure: name not resolved, connection reset
+    TIMEOUT = "timeout"  # the connection was taken but the answer came too late: busy
+    HTTP_STATUS = "http_status"  # it answered, with another status than 200: starting, overloaded
+    UNHEALTHY = "unhealthy"  # the engine said it is not ready in its own way
+    EPOCH = "epoch"  # health answered, but the process identity could not be read
+
+
+class EngineDown(EngineUnavailable):
+    """The box's health check failed; `kind` says how (refused, connect timeout, an HTTP status...)."""
+
+    def __init__(self, box_id: str, kind: HealthFailure, message: str) -> None:
+        super().__init__(box_id, message)
+        self.kind = kind
 
 
 class MalformedResponse(EngineError):

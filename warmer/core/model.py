@@ -201,6 +201,9 @@ class BoxCapacity:
     # its configured headroom and say in its log why the budget moved.
     pool_tokens: int | None = None
     used_share: float | None = None
+    # The engine's own version, where the same reading reports it (SGLang /server_info `version`,
+    # llama.cpp /props `build_info`): the per-box info metric tells engines apart across an upgrade.
+    version: str = ""
 
     def applied_to(self, box: BoxSpec) -> BoxSpec:
         """The box with these limits where its configuration does not set its own (configuration wins)."""

@@ -43,98 +43,31 @@ copy; `vllm/v1/core/block_pool.py`), so a removal may leave a copy behind, and w
 `kv_cache_report_mode` "full" it re-announces the cached blocks a hit reused (`emit_cached_block_events`)
 without a new copy. Counting copies would then miss evictions; a spare copy only costs a re-warm that hits.
 
-The stream is numbered: each batch carries a sequence number from 0 per publisher process
-(`vllm/distributed/kv_events.py`, `ZmqEventPublisher`: `count()`). A gap is filled from the replay socket;
-a number going backwards is a new publisher, i.e. an engine restart, whose cache starts empty.
+The events themselves, their numbering and the eviction horizon they measure: `kv_event_stream`.
+
+Size: the mirror of stored blocks, the walk that matches a watched prefix against it and the sparse groups
+of hybrid models change together; apart they would share every index.
 """
 
 from __future__ import annotations
 
 import enum
-import statistics
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-BlockHash = int | bytes
+from warmer.core.kv_event_stream import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    CacheEvent,
+    EvictionHorizon,
+)
+
 # A prefix's block hashes as the engine computes them (token ids, block size), where reproducible
 BlockHasher = Callable[[Sequence[int], int], tuple[BlockHash, ...]]
 _GPU_MEDIA = (None, "GPU")  # vLLM's own prefix cache; offloaded copies (e.g. "CPU") are not it
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    """Full blocks that became reusable: `token_ids` is their tokens, `block_size` per block."""
-
-    block_hashes: tuple[BlockHash, ...]
-    parent_hash: BlockHash | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    group: int = 0  # KV cache group (hybrid models have several); None on the wire is group 0
-    medium: str | None = None
-    plain: bool = True  # no LoRA and no extra hash keys: a block a warm request can have stored
-    sparse: bool = False  # the group's kind keeps only some positions (sliding window, Mamba)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    block_hashes: tuple[BlockHash, ...]
-    group: int = 0
-    medium: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
-    """The engine emptied its prefix cache (`reset_prefix_cache`)."""
-
-
-CacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-@dataclass(frozen=True, slots=True)
-class EventBatch:
-    """One published message: its sequence number, the engine's timestamp, its events in order."""
-
-    seq: int
-    ts: float
-    events: tuple[CacheEvent, ...]
-    rank: int | None = None  # the publisher's data-parallel rank, when it says
-
-
-class SeqVerdict(enum.StrEnum):
-    FIRST = "first"  # nothing seen yet from this stream
-    NEXT = "next"
-    GAP = "gap"  # batches were missed: replay them from `SequenceCursor.expected`
-    RESET = "reset"  # the number went backwards: a new publisher process (an engine restart)
-
-
-@dataclass(slots=True)
-class SequenceCursor:
-    """The last sequence number applied from one publisher."""
-
-    last: int | None = None
-
-    @property
-    def expected(self) -> int:
-        return 0 if self.last is None else self.last + 1
-
-    def classify(self, seq: int) -> SeqVerdict:
-        if self.last is None:
-            return SeqVerdict.FIRST
-        if seq == self.last + 1:
-            return SeqVerdict.NEXT
-        if seq > self.last + 1:
-            return SeqVerdict.GAP
-        return SeqVerdict.RESET
-
-    def advance(self, seq: int) -> None:
-        self.last = seq
-
-
-def replay_covers(start: int, replayed: Sequence[EventBatch]) -> bool:
-    """Whether a replay answer holds every batch from `start` on (its buffer may have dropped the oldest)."""
-    return bool(replayed) and replayed[0].seq <= start
 
 
 class PrefixState(enum.StrEnum):
@@ -156,44 +89,6 @@ def block_digests(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
     """Digest of each full block of `token_ids` (a trailing partial block is never cached)."""
     full = len(token_ids) // block_size
     return tuple(hash(tuple(token_ids[i * block_size : (i + 1) * block_size])) for i in range(full))
-
-
-class EvictionHorizon:
-    """How long an unused block lasts in the engine's cache before the engine evicts it: the age at eviction
-    of blocks no watched prefix holds (other traffic's), measured on the engine's own event timestamps.
-
-    vLLM evicts least recently used first: a freed cached block is appended to the tail of
-    `FreeKVCacheBlockQueue` and `BlockPool.get_new_blocks` pops from its head, evicting as it goes; a hit
-    (`BlockPool.touch`) takes the block off the queue until its request ends (vllm-project/vllm
-    `vllm/v1/core/kv_cache_utils.py` @ 001cabc1be16a59a70d720ed61a13b678c060a18, `FreeKVCacheBlockQueue`:
-    "The least recent used block is at the front"; `vllm/v1/core/block_pool.py`
-    @ c59cb7941357443da7c5eef75cfa8697d683d228, `get_new_blocks`, `touch`, `free_blocks`). So a block stored
-    at t and evicted at t + a says the pool turns over in `a` at most: a prefix nobody touches for longer is
-    gone. The age is counted from the block's last `BlockStored` (a hit by other traffic announces nothing,
-    so an age can only overstate how long a block sat unused): a low quantile of the recent ages is taken,
-    never the mean. None until `min_samples` evictions were seen."""
-
-    def __init__(self, *, window: int = 256, min_samples: int = 8, quantile: float = 0.1) -> None:
-        if window < 1 or min_samples < 1 or not 0.0 < quantile < 1.0:
-            raise ValueError("window and min_samples must be >= 1, quantile in (0, 1)")
-        self._ages: deque[float] = deque(maxlen=window)
-        self._min_samples = min_samples
-        self._quantile = quantile
-
-    def add(self, age_seconds: float) -> None:
-        if age_seconds >= 0.0:
-            self._ages.append(age_seconds)
-
-    @property
-    def samples(self) -> int:
-        return len(self._ages)
-
-    def seconds(self) -> float | None:
-        """The horizon: the `quantile` of the recent ages at eviction (None: too few seen yet)."""
-        if len(self._ages) < self._min_samples:
-            return None
-        cuts = statistics.quantiles(self._ages, n=100, method="inclusive")
-        return cuts[max(0, round(self._quantile * 100) - 1)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,9 @@ then supervises the named root tasks until a signal.
 
 Everything I/O is created here and nowhere else, and every piece is injectable (store factory, database
 preparation, HTTP transport) so tests swap real parts for fakes at our own seams.
+
+Size: the one place every service and root task is built and wired, in the order they are built; what each
+piece does lives in the warmer.root module it comes from.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from collections.abc import Mapping, Sequence
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter
 
 import warmer
 from warmer.adapters.store.filelock import SqliteFileLock
-from warmer.api import ApiServices, Readiness, create_app
+from warmer.api import ApiServices, Liveness, Readiness, create_app
 from warmer.config.fleet_settings import GatewaySettings
 from warmer.config.settings import Settings
 from warmer.core.agents import AgentSpec
@@ -46,7 +51,8 @@ from warmer.root.reconcile import OfflinePrefixSource, reconciler_config, run_ti
 from warmer.root.replicas import ReplicaWiring
 from warmer.root.server import api_server
 from warmer.root.supervisor import Supervisor
-from warmer.service.dialer.prewarm import CallVolumeMeter
+from warmer.root.tracing import trace_client, tracer_provider
+from warmer.service.dialer.call_spread import CallVolumeMeter
 from warmer.service.dialer.usage import UsageService, UsageWindowConfig
 from warmer.service.engine_signals.hitrate_monitor import HitRateMonitor
 from warmer.service.engine_work.restart_warmup import RestartWarmup
@@ -79,8 +85,10 @@ class Daemon:
         store_factory: StoreFactory,
         prepare: DatabasePreparer,
         lock: DatabaseLocker = lock_sqlite_file,
+        tracing: TracerProvider | None = None,
     ) -> None:
         self.settings = settings
+        self.tracing = tracing  # flushed and shut down in close()
         self.profiles = profiles
         self.agents = agents
         self.boxes = tuple(boxes)
@@ -107,7 +115,14 @@ class Daemon:
         return bool(self.boxes) or self.settings.fleet.discovery is not None
 
     def wire(self, store: ManagedStore) -> None:
-        """Build the reconciler and every service over the open `store`, and register the root tasks."""
+        """Build the reconciler and every service over the open `store`, and register the root tasks,
+        each with its failure series at 0 from the start: a task that fails once and stops the daemon
+        before the next scrape still shows as an increase (a series born at 1 never does)."""
+        self._wire(store)
+        for name in self.supervisor.task_names:
+            self.metrics.root_task_failures.labels(task=name)
+
+    def _wire(self, store: ManagedStore) -> None:
         settings, clock = self.settings, SystemClock()
         self._store = store
         engines = build_engine_dispatcher(settings, self.http, boxes=self.boxes, profiles=self.profiles)
@@ -180,6 +195,8 @@ class Daemon:
                 webhook_max_body_bytes=settings.api.webhook_max_body_bytes,
                 capacity=capacity if self.boxes else None,
                 requests=self.metrics.http,
+                liveness=functools.partial(self.liveness, reconciler),
+                tracer_provider=self.tracing,
                 usage=usage,
             )
         )
@@ -207,7 +224,12 @@ class Daemon:
             self.supervisor.add("gateway-sync", self._gateway_sync(settings.fleet.gateway, reconciler).run)
         if settings.fleet.discovery is not None:
             discovery = functools.partial(
-                run_discovery, settings.fleet.discovery, self.profiles, reconciler, engines.register
+                run_discovery,
+                settings.fleet.discovery,
+                self.profiles,
+                reconciler,
+                engines.register,
+                self.metrics.discovery,
             )
             self.supervisor.add("discovery", discovery)
 
@@ -260,6 +282,12 @@ class Daemon:
     def started(self) -> bool:
         """The database is prepared and open, and the API accepts connections."""
         return self._store is not None and self._server is not None and self._server.started
+
+    def liveness(self, reconciler: Reconciler) -> Liveness:
+        """Alive unless the reconcile loop runs (there is a fleet) and has not finished a pass for
+        reconcile.stall_seconds."""
+        stalled = reconciler.stalled(self.settings.reconcile.stall_seconds) if self.has_fleet else None
+        return Liveness(stalled is None, stalled or "")
 
     async def readiness(self) -> Readiness:
         """Ready = started and the database answers a trivial query in time."""
@@ -316,6 +344,8 @@ class Daemon:
             await store.close()
         self._release_database()
         await self.http.aclose()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # exports what is still queued
 
     async def run(self, *, handle_signals: bool = True) -> int:
         """Prepare the database, open the store, build everything, serve until stopped. Returns the process
@@ -376,10 +406,14 @@ def build(
     prepare: DatabasePreparer = prepare_database,
     lock: DatabaseLocker = lock_sqlite_file,
     transport: httpx.AsyncBaseTransport | None = None,
+    span_exporter: SpanExporter | None = None,
 ) -> Daemon:
-    """Wire a daemon from settings. Nothing starts until `Daemon.run()`."""
+    """Wire a daemon from settings. Nothing starts until `Daemon.run()`. `span_exporter` replaces OTLP
+    when `[tracing]` is on (tests)."""
     profiles = profiles or {}
     http = engine_http_client(settings, transport=transport)
+    tracing = tracer_provider(settings.tracing, span_exporter)
+    trace_client(http, tracing)
     return Daemon(
         settings=settings,
         profiles=profiles,
@@ -390,4 +424,5 @@ def build(
         store_factory=store_factory,
         prepare=prepare,
         lock=lock,
+        tracing=tracing,
     )

@@ -15,8 +15,9 @@ from warmer.config.settings import Settings
 from warmer.ports import StorePort
 from warmer.root.engines import SystemClock
 from warmer.root.logging import get_logger
+from warmer.service.dialer.call_spread import CallVolumeMeter
 from warmer.service.dialer.campaigns import CampaignService, ScheduleFileInvalid, ScheduleFileSync
-from warmer.service.dialer.prewarm import CallVolumeMeter, PrewarmService, ReconcilerBackend
+from warmer.service.dialer.prewarm import PrewarmService, ReconcilerBackend
 from warmer.service.reconciler import Reconciler
 
 

@@ -2,6 +2,9 @@
 
 One registry per app means two daemons in one test process never collide, and /metrics shows exactly
 what this daemon registered. Features add their counters and gauges as attributes here.
+
+Size: every metric family the daemon exports, each name and help text defined once, in the one module the
+dashboard and alert tests check their queries against.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from prometheus_client.registry import Collector
 import warmer
 from warmer.core.call_report import CallUsageReport
 from warmer.core.capacity import AgentCapacity, BoxCapacity
+from warmer.service.fleet.gateway_sync import SyncOutcome
+from warmer.service.reconciler.types import BoxSeen
 
 # `*_created` series (one per counter/histogram child) double the series count and no dashboard or alert
 # of ours reads them. The switch is process-wide in prometheus_client, as is this module.
@@ -48,6 +53,7 @@ class Metrics:
             registry=self.registry,
         )
         self.reconcile = ReconcileMetrics(self.registry)
+        self.discovery = DiscoveryMetrics(self.registry)
         self.gateway = GatewaySyncMetrics(self.registry)
         self.hitrate = HitRateMetrics(self.registry)
         self.capacity = CapacityMetrics(self.registry)
@@ -103,6 +109,29 @@ class ReconcileMetrics:
         )
         self._ready_labels: set[str] = set()
         self._warm_labels: set[tuple[str, str]] = set()
+        self.box_healthy = Gauge(
+            "warmer_box_healthy",
+            "1 while the box answers its health poll (and its process identity is read), else 0.",
+            ["box"],
+            registry=registry,
+        )
+        self.box_health_failure = Gauge(
+            "warmer_box_health_failure",
+            "1 for how the box's last health poll failed (kind: refused, connect_timeout, unreachable, "
+            "timeout, http_status, unhealthy, epoch); no series while it is healthy.",
+            ["box", "kind"],
+            registry=registry,
+        )
+        self.box_info = Gauge(
+            "warmer_box_info",
+            "Always 1: the box's engine, model profile, placement group and the engine's own version "
+            "(empty where the engine does not report it), to join onto any per-box series.",
+            ["box", "engine", "model", "group", "version"],
+            registry=registry,
+        )
+        self._healthy_labels: set[str] = set()
+        self._failure_labels: set[tuple[str, str]] = set()
+        self._info_labels: set[tuple[str, str, str, str, str]] = set()
         self.prefixes_warm = Gauge(
             "warmer_prefixes_warm",
             "(box, prefix) pairs verified warm in the boxes' current epochs.",
@@ -158,6 +187,23 @@ class ReconcileMetrics:
         self.time_to_ready.labels(box=box_id).set(time_to_ready_seconds)
         self.warmup_engine.labels(box=box_id).set(engine_seconds)
 
+    def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
+        current_health = {(b.box_id, b.failure) for b in boxes if b.failure is not None}
+        current_info = {(b.box_id, b.engine, b.model, b.group, b.version) for b in boxes}
+        for failed in self._failure_labels - current_health:  # a box up again, or failing another way
+            self.box_health_failure.remove(*failed)
+        for info in self._info_labels - current_info:  # left the fleet, or a new engine version
+            self.box_info.remove(*info)
+        for box_id in self._healthy_labels - {b.box_id for b in boxes}:
+            self.box_healthy.remove(box_id)
+        for box in boxes:
+            self.box_healthy.labels(box=box.box_id).set(1 if box.healthy else 0)
+            self.box_info.labels(box.box_id, box.engine, box.model, box.group, box.version).set(1)
+        for box_id, failure in current_health:
+            self.box_health_failure.labels(box=box_id, kind=failure).set(1)
+        self._failure_labels, self._info_labels = current_health, current_info
+        self._healthy_labels = {b.box_id for b in boxes}
+
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         self.boxes_ready.set(boxes_ready)
         self.prefixes_warm.set(prefixes_warm)
@@ -185,6 +231,30 @@ class ReconcileMetrics:
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         self.tokenizer_drift_ratio.labels(agent=agent_id, model=model).set(change)
         self.tokenizer_drifts.labels(model=model).inc()
+
+
+class DiscoveryMetrics:
+    """Fleet discovery's `DiscoveryObserver`: listings by outcome and the boxes they found."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.listings = Counter(
+            "warmer_discovery_listings",
+            "Listings of the discovery source (the Kubernetes API), by outcome (ok, failed).",
+            ["outcome"],
+            registry=registry,
+        )
+        for outcome in ("ok", "failed"):  # at 0 from the start, for the alert's increase
+            self.listings.labels(outcome=outcome)
+        self.boxes = Gauge(
+            "warmer_discovery_boxes",
+            "Boxes the last successful listing found and the daemon keeps in its fleet.",
+            registry=registry,
+        )
+
+    def listed(self, ok: bool, boxes: int | None) -> None:
+        self.listings.labels(outcome="ok" if ok else "failed").inc()
+        if boxes is not None:
+            self.boxes.set(boxes)
 
 
 class GatewaySyncMetrics:
@@ -215,6 +285,9 @@ class GatewaySyncMetrics:
             ["owner"],
             registry=registry,
         )
+        # Every outcome exists at 0 from the start: an alert on the first failure's increase can fire.
+        for outcome in SyncOutcome:
+            self.passes.labels(outcome=outcome.value)
 
     def sync_finished(self, outcome: str, seconds: float) -> None:
         self.passes.labels(outcome=outcome).inc()
@@ -259,6 +332,8 @@ class HitRateMetrics:
             ["outcome"],
             registry=registry,
         )
+        for outcome in ("ok", "failed", "unsupported"):  # at 0 from the start, for the alert's increase
+            self.scrapes.labels(outcome=outcome)
 
     def hit_ratio(self, box_id: str, ratio: float) -> None:
         self.ratio.labels(box=box_id).set(ratio)

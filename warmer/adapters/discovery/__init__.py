@@ -1,5 +1,5 @@
 """Where engine boxes are found at run time, besides the configured list."""
 
-from warmer.adapters.discovery.kubernetes import KubernetesPods, PodTemplate
+from warmer.adapters.discovery.kubernetes import KubernetesPods, PodTemplate, api_client
 
-__all__ = ["KubernetesPods", "PodTemplate"]
+__all__ = ["KubernetesPods", "PodTemplate", "api_client"]

@@ -1,7 +1,20 @@
-"""Engine boxes from the Kubernetes API: the pods matching a label selector in one namespace.
+"""Engine boxes from the Kubernetes API: the pods matching a label selector in one namespace, listed and
+then watched, through lightkube.
 
-`GET /api/v1/namespaces/{namespace}/pods?labelSelector=...` with the pod's service-account token. The
-PodList fields read: `status.phase` ("Running", PodRunning) and `status.podIP` (empty until allocated)
+Why lightkube (against kr8s and kubernetes_asyncio): typed resources (`Pod`) that type-check under mypy
+--strict, an asyncio client on httpx's API with the in-cluster config, rotating service-account tokens
+(`tokenFile`, re-read like client-go) and a watch that keeps its resourceVersion across reconnects, in a
+small 1.x package whose dependencies warmer mostly has already. kubernetes_asyncio is the generated
+OpenAPI client: 3 MB of code, aiohttp and a second HTTP stack. kr8s is httpx-based too but still 0.x, with
+untyped `Box` objects and six more dependencies (cryptography, python-box, python-jsonpath, ...).
+
+The pattern is client-go's list-then-watch: a LIST gives every current pod and the resourceVersion to
+watch from; the WATCH then streams ADDED/MODIFIED/DELETED changes. When the server has compacted that
+version away (410 Gone) the pods deleted meanwhile would never be announced, so the watch is dropped and
+the namespace listed again. Any other failure raises `DiscoveryUnavailable`; the caller backs off and
+starts over with a LIST.
+
+The Pod fields read: `status.phase` ("Running", PodRunning) and `status.podIP` (empty until allocated)
 from kubernetes/api core/v1/types.go @ 10b39a39bcee995dfe7cd5e8e7b922be5e46f1e2 (PodStatus, lines
 5609 and 5654); `metadata.name` and `metadata.deletionTimestamp` (set once the pod is terminating) from
 kubernetes/apimachinery pkg/apis/meta/v1/types.go @ eed236ceee2c19c2753a3d93ac0631dc20750454 (ObjectMeta).
@@ -13,15 +26,48 @@ Readiness of the pod is deliberately NOT required: an engine pod whose readiness
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-import httpx
+import httpx2
+from lightkube import AsyncClient, KubeConfig, operators
+from lightkube.core.exceptions import ApiError, ConfigError, LoadResourceError
+from lightkube.resources.core_v1 import Pod
 
 from warmer.core.errors import DiscoveryUnavailable
+from warmer.core.label_selector import parse_label_selector
 from warmer.core.model import BoxSpec, EngineKind
+
+GONE = 410  # the watched resourceVersion is too old: list again
+_FAILURES = (httpx2.HTTPError, ConfigError, LoadResourceError, ValueError)
+
+Selector = dict[str, str | operators.Operator[Any] | Iterable[Any] | None]
+
+
+def lightkube_selector(text: str) -> Selector:
+    """A Kubernetes label selector string as lightkube's label -> operator map; ValueError if invalid (or if
+    it names a label twice, which the map cannot hold)."""
+    selector: Selector = {}
+    for requirement in parse_label_selector(text):
+        key, values = requirement.key, list(requirement.values)
+        if key in selector:
+            raise ValueError(f"label selector names {key!r} twice")
+        match requirement.operator:
+            case "=":
+                selector[key] = operators.equal(values[0])
+            case "!=":
+                selector[key] = operators.not_equal(values[0])
+            case "in":
+                selector[key] = operators.in_(values)
+            case "notin":
+                selector[key] = operators.not_in(values)
+            case "exists":
+                selector[key] = operators.exists()
+            case "!exists":
+                selector[key] = operators.not_exists()
+    return selector
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,59 +83,66 @@ class PodTemplate:
 
 
 class KubernetesPods:
-    """Lists the engine pods of a namespace by label selector as boxes (id = pod name)."""
+    """The engine pods of a namespace by label selector as boxes (id = pod name): listed, or watched."""
 
     def __init__(
-        self,
-        http: httpx.AsyncClient,
-        *,
-        api_url: str,
-        namespace: str,
-        label_selector: str,
-        template: PodTemplate,
-        token: Callable[[], str | None],
-        timeout_seconds: float = 10.0,
+        self, client: AsyncClient, *, namespace: str, label_selector: str, template: PodTemplate
     ) -> None:
-        self._http = http
-        self._url = f"{api_url.rstrip('/')}/api/v1/namespaces/{quote(namespace, safe='')}/pods"
-        self._selector = label_selector
+        self._client = client
+        self._namespace = namespace
+        self._selector = lightkube_selector(label_selector)
         self._template = template
-        self._token = token  # read per call: projected service-account tokens rotate
-        self._timeout = timeout_seconds
 
     async def list_boxes(self) -> list[BoxSpec]:
         """The running, not terminating pods with an IP, sorted by name."""
-        headers = {"Accept": "application/json"}
-        token = self._token()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        try:
-            response = await self._http.get(
-                self._url, params={"labelSelector": self._selector}, headers=headers, timeout=self._timeout
-            )
-        except httpx.HTTPError as exc:
-            raise DiscoveryUnavailable(f"Kubernetes API unreachable: {type(exc).__name__}: {exc}") from exc
-        if response.status_code != 200:
-            reason = _status_message(response)
-            raise DiscoveryUnavailable(f"Kubernetes API answered {response.status_code}: {reason}")
-        try:
-            body = response.json()
-            items = body["items"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DiscoveryUnavailable(f"Kubernetes API answered without a PodList: {exc}") from exc
-        if not isinstance(items, list):
-            raise DiscoveryUnavailable("Kubernetes API answered a PodList whose items is not a list")
-        boxes = [box for box in (self._box(item) for item in items) if box is not None]
-        return sorted(boxes, key=lambda box: box.id)
+        boxes, _ = await self._list()
+        return sorted(boxes.values(), key=lambda box: box.id)
 
-    def _box(self, pod: Any) -> BoxSpec | None:
-        if not isinstance(pod, dict):
+    async def watch_boxes(self) -> AsyncIterator[list[BoxSpec]]:
+        """Every box now, then the whole set again after each change the watch shows. Lists again by
+        itself when the watch expires (410 Gone); raises DiscoveryUnavailable on any other failure."""
+        while True:
+            boxes, version = await self._list()
+            yield sorted(boxes.values(), key=lambda box: box.id)
+            try:
+                async for change, pod in self._client.watch(
+                    Pod, namespace=self._namespace, labels=self._selector, resource_version=version
+                ):
+                    name = pod.metadata.name if pod.metadata is not None else None
+                    if not name:
+                        continue
+                    box = None if change == "DELETED" else self._box(pod)
+                    if boxes.get(name) == box:
+                        continue
+                    if box is None:
+                        boxes.pop(name, None)
+                    else:
+                        boxes[name] = box
+                    yield sorted(boxes.values(), key=lambda box: box.id)
+            except ApiError as exc:
+                if exc.status.code == GONE:
+                    continue  # compacted away: what was deleted meanwhile is only seen by listing again
+                raise _unavailable("watch", exc) from exc
+            except _FAILURES as exc:
+                raise _unavailable("watch", exc) from exc
+            # The watch ended without an error (lightkube reconnects by itself): list again.
+
+    async def _list(self) -> tuple[dict[str, BoxSpec], str | None]:
+        try:
+            listing = self._client.list(Pod, namespace=self._namespace, labels=self._selector)
+            pods = [pod async for pod in listing]
+            version = listing.resourceVersion
+        except _FAILURES as exc:
+            raise _unavailable("list", exc) from exc
+        boxes = {box.id: box for box in (self._box(pod) for pod in pods) if box is not None}
+        return boxes, version
+
+    def _box(self, pod: Pod) -> BoxSpec | None:
+        metadata, status = pod.metadata, pod.status
+        if metadata is None or status is None:
             return None
-        metadata, status = pod.get("metadata") or {}, pod.get("status") or {}
-        name, ip = metadata.get("name"), status.get("podIP")
-        if not isinstance(name, str) or not name or not isinstance(ip, str) or not ip:
-            return None
-        if metadata.get("deletionTimestamp") or status.get("phase") != "Running":
+        name, ip = metadata.name, status.podIP
+        if not name or not ip or metadata.deletionTimestamp is not None or status.phase != "Running":
             return None
         try:
             address = ipaddress.ip_address(ip)
@@ -107,11 +160,32 @@ class KubernetesPods:
         )
 
 
-def _status_message(response: httpx.Response) -> str:
-    """The `message` of a Kubernetes Status body, else the start of the text."""
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200]
-    message = body.get("message") if isinstance(body, dict) else None
-    return str(message) if message else response.text[:200]
+def api_client(api_url: str, *, token_file: Path | None, ca_file: Path | None, namespace: str) -> AsyncClient:
+    """A client of the API server at `api_url`: the service-account token re-read from `token_file` as the
+    kubelet rotates it (none when the file is absent, e.g. outside a pod: the server decides), the
+    server's certificate checked against `ca_file` (None: the system's trust store)."""
+    cluster: dict[str, object] = {"server": api_url}
+    if ca_file is not None:
+        cluster["certificate-authority"] = str(ca_file)
+    user = {"tokenFile": str(token_file)} if token_file is not None and token_file.is_file() else {}
+    config = KubeConfig.from_dict(
+        {
+            "clusters": [{"name": "warmer", "cluster": cluster}],
+            "users": [{"name": "warmer", "user": user}],
+            "contexts": [
+                {"name": "warmer", "context": {"cluster": "warmer", "user": "warmer", "namespace": namespace}}
+            ],
+            "current-context": "warmer",
+        }
+    )
+    # No proxy from the environment: the API server is reached directly, like the engines.
+    return AsyncClient(config, trust_env=False, timeout=httpx2.Timeout(10.0, read=None))
+
+
+def _unavailable(what: str, exc: Exception) -> DiscoveryUnavailable:
+    """The failure named the way an operator acts on it: the API's own status and message when it answered
+    (a 403 names the missing RBAC), else the transport error."""
+    if isinstance(exc, ApiError):
+        status = exc.status
+        return DiscoveryUnavailable(f"Kubernetes API {what} answered {status.code}: {status.message}")
+    return DiscoveryUnavailable(f"Kubernetes API {what} failed: {type(exc).__name__}: {exc}")

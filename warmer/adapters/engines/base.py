@@ -19,10 +19,10 @@ from typing import Any, Generic, TypeVar
 
 import httpx
 
-from warmer.adapters.engines.http import EngineHttp, EngineRejected
+from warmer.adapters.engines.http import EngineHttp, EngineRejected, HealthAnswer
 from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.core.capacity import prefix_budget_tokens
-from warmer.core.errors import CacheFieldMissing, EngineError, MalformedResponse, NotSupported
+from warmer.core.errors import CacheFieldMissing, EngineError, EngineSlow, MalformedResponse, NotSupported
 from warmer.core.hitrate import CACHE_COUNTERS, cache_stats_from_samples
 from warmer.core.model import (
     BoxCapacity,
@@ -229,15 +229,21 @@ class EngineAdapter(ABC, Generic[PromptT]):
             samples = await self._metrics(box)
         return cache_stats_of(box, self.engine_kind, samples)
 
-    async def _health_status(self, box: BoxSpec) -> int | None:
-        return await self._http.status(box, "/health")
+    async def _health_answer(self, box: BoxSpec) -> HealthAnswer:
+        return await self._http.health_answer(box, "/health")
 
     async def health(self, box: BoxSpec) -> bool:
         """Up only on 200; every answer feeds the restart watch (a down/up bounce is a new epoch). A box
-        that takes the connection but answers too late raises `EngineSlow` and is not seen as down."""
-        up = await self._health_status(box) == 200
+        that takes the connection but answers too late raises `EngineSlow` and is not seen as down; any
+        other failure raises `EngineDown` saying how it failed."""
+        answer = await self._health_answer(box)
+        if answer.timed_out:
+            raise EngineSlow(box.id, answer.detail)
+        up = answer.status == 200
         self._watch.saw_health(box.id, up)
-        return up
+        if not up:
+            raise answer.down(box)
+        return True
 
     async def _metrics(self, box: BoxSpec) -> list[Sample]:
         """The parsed /metrics samples; a 4xx (metrics switched off) comes out as EngineRejected."""

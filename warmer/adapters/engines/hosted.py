@@ -34,7 +34,7 @@ import httpx
 from warmer.adapters.engines.base import check_cached_within_prompt, count_field, dig, reject_error_body
 from warmer.adapters.engines.http import EngineHttp, JsonObject
 from warmer.adapters.engines.restart_watch import RestartWatch
-from warmer.core.errors import EngineError, MalformedResponse, NotSupported
+from warmer.core.errors import EngineError, EngineSlow, MalformedResponse, NotSupported
 from warmer.core.hosted import NotARequestPrefix, ProviderCache, StableRequest, stable_request
 from warmer.core.model import (
     BoxCapacity,
@@ -109,10 +109,16 @@ class HostedEngine(ABC):
         return self._profile(box).served_model_name or box.model
 
     async def health(self, box: BoxSpec) -> bool:
-        """Up when the provider lists its models for this key (a rejected key is down, not slow)."""
-        up = await self._http.status(box, "/v1/models", headers=self._headers(box)) == 200
+        """Up when the provider lists its models for this key; a rejected key is down (http_status, with
+        the provider's answer), not slow; a late answer raises EngineSlow."""
+        answer = await self._http.health_answer(box, "/v1/models", headers=self._headers(box))
+        if answer.timed_out:
+            raise EngineSlow(box.id, answer.detail)
+        up = answer.status == 200
         self._watch.saw_health(box.id, up)
-        return up
+        if not up:
+            raise answer.down(box)
+        return True
 
     async def epoch(self, box: BoxSpec) -> str:
         """A provider has no process warmer can see: an epoch lasts while this warmer watches it (a restart

@@ -16,7 +16,14 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
-from warmer.core.errors import EngineError, EngineSlow, EngineUnavailable, MalformedResponse
+from warmer.core.errors import (
+    EngineDown,
+    EngineError,
+    EngineSlow,
+    EngineUnavailable,
+    HealthFailure,
+    MalformedResponse,
+)
 from warmer.core.model import BoxSpec, EngineTimeouts, RetryPolicy
 
 JsonObject = dict[str, Any]
@@ -42,6 +49,33 @@ def box_url(box: BoxSpec, path: str) -> str:
     if not path.startswith("/") or "://" in path:
         raise ValueError(f"engine path must be a plain absolute path, got {path!r}")
     return box.base_url.rstrip("/") + path
+
+
+@dataclass(frozen=True, slots=True)
+class HealthAnswer:
+    """One health-style call: the status it answered (None: no answer), whether it timed out after
+    taking the connection (busy, not down), and, unless it answered 200, how it failed."""
+
+    status: int | None
+    timed_out: bool = False
+    failure: HealthFailure | None = None
+    detail: str = ""
+
+    def down(self, box: BoxSpec) -> EngineDown:
+        """The failure as the error the reconciler records (kind and detail per box)."""
+        return EngineDown(
+            box.id, self.failure or HealthFailure.UNHEALTHY, self.detail or "health check failed"
+        )
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connect error is ECONNREFUSED somewhere in its chain (httpx wraps httpcore wraps OSError)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,33 +202,41 @@ class EngineHttp:
 
     async def health_answer(
         self, box: BoxSpec, path: str, *, headers: Mapping[str, str] | None = None
-    ) -> tuple[int | None, bool]:
-        """Health-style call: (HTTP status or None, whether it timed out). No retries.
+    ) -> HealthAnswer:
+        """Health-style call, no retries: its status, or how it failed (refused, no answer to the
+        connection, another transport error, a late answer, a non-200 status) with a detail. `headers`
+        (a hosted API's key) are sent as they are and never appear in the detail.
 
         A timeout is told apart from "no answer at all" because some engines' health route does real work
         (SGLang runs a one-token generation) and is slow, not down, on a busy box.
         """
+        limit = self.timeouts.health
         try:
             response = await self._client.get(
-                box_url(box, path), timeout=self._timeout(self.timeouts.health), headers=headers
+                box_url(box, path), timeout=self._timeout(limit), headers=headers
             )
         except httpx.ConnectTimeout:
-            return None, False
+            connect = min(self.timeouts.connect, limit)
+            detail = f"GET {path}: no answer to the connection within {connect:g}s"
+            return HealthAnswer(None, failure=HealthFailure.CONNECT_TIMEOUT, detail=detail)
         except httpx.TimeoutException:
-            return None, True
-        except httpx.HTTPError:
-            return None, False
-        return response.status_code, False
-
-    async def status(
-        self, box: BoxSpec, path: str, *, headers: Mapping[str, str] | None = None
-    ) -> int | None:
-        """Health-style call: the HTTP status, or None when the engine did not answer at all. No retries.
-        Raises `EngineSlow` when it took the connection but did not answer in time (busy, not down)."""
-        status, timed_out = await self.health_answer(box, path, headers=headers)
-        if timed_out:
-            raise EngineSlow(box.id, f"GET {path} timed out after {self.timeouts.health:g}s")
-        return status
+            detail = f"GET {path} timed out after {limit:g}s"
+            return HealthAnswer(None, timed_out=True, failure=HealthFailure.TIMEOUT, detail=detail)
+        except httpx.ConnectError as exc:
+            if _refused(exc):
+                return HealthAnswer(
+                    None, failure=HealthFailure.REFUSED, detail=f"GET {path}: connection refused"
+                )
+            detail = f"GET {path}: cannot connect: {exc}"
+            return HealthAnswer(None, failure=HealthFailure.UNREACHABLE, detail=detail)
+        except httpx.HTTPError as exc:
+            detail = f"GET {path}: {type(exc).__name__}: {exc}"
+            return HealthAnswer(None, failure=HealthFailure.UNREACHABLE, detail=detail)
+        status = response.status_code
+        if status == 200:
+            return HealthAnswer(status)
+        detail = f"GET {path} answered {status}: {_excerpt(response.text)}".rstrip(": ")
+        return HealthAnswer(status, failure=HealthFailure.HTTP_STATUS, detail=detail)
 
 
 def parse_object(box: BoxSpec, path: str, text: str) -> JsonObject:

@@ -85,12 +85,14 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         `get_available_slot`), so `total_slots` distinct prefixes can be held at once. A host prompt cache
         (`--cache-ram`) holds more but its size is not reported: configure `prefix_capacity` for it."""
         props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
+        build = props.get("build_info")
+        version = build if isinstance(build, str) else ""
         slots = props.get("total_slots")
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-            return BoxCapacity(source="/props without total_slots")
+            return BoxCapacity(source="/props without total_slots", version=version)
         # `id_slot` in a completion body runs it in that slot (server-context.cpp `get_available_slot`:
         # "if a specific slot is requested, use it"), the OpenAI-style routes included.
-        return BoxCapacity(prefixes=slots, pinnable_slots=slots, source="/props total_slots")
+        return BoxCapacity(prefixes=slots, pinnable_slots=slots, source="/props total_slots", version=version)
 
     async def complete_prefix(
         self,

@@ -38,7 +38,7 @@ from warmer.adapters.engines.base import (
     dig,
     reject_error_body,
 )
-from warmer.adapters.engines.http import EngineRejected, JsonObject, box_url
+from warmer.adapters.engines.http import EngineRejected, HealthAnswer, JsonObject, box_url
 from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
 from warmer.core.model import (
@@ -111,11 +111,11 @@ class OpenAICompatibleEngine(EngineAdapter[list[int]]):
 
     # -- health and identity ---------------------------------------------------------------------
 
-    async def _health_status(self, box: BoxSpec) -> int | None:
-        status = await self._http.status(box, "/health")
-        if status in (404, 405):
-            status = await self._http.status(box, "/v1/models")  # servers without a /health route
-        return status
+    async def _health_answer(self, box: BoxSpec) -> HealthAnswer:
+        answer = await self._http.health_answer(box, "/health")
+        if answer.status in (404, 405):
+            answer = await self._http.health_answer(box, "/v1/models")  # servers without a /health route
+        return answer
 
     async def epoch(self, box: BoxSpec) -> str:
         started = await self._process_start(box)

@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import httpx
 
@@ -186,6 +187,7 @@ class SglangEngine(EngineAdapter[str]):
         self._epochs: dict[str, str] = {}  # box id -> the last epoch read
         self._pools: dict[str, int | None] = {}  # box id -> `max_total_num_tokens` of the last /server_info
         self._priority_eviction: dict[str, bool] = {}  # box id -> runs --radix-eviction-policy priority
+        self._versions: dict[str, str] = {}  # box id -> `version` of the last /server_info
 
     async def _server_info(self, box: BoxSpec) -> JsonObject:
         """/server_info, or the deprecated /get_server_info on servers that predate it."""
@@ -198,6 +200,8 @@ class SglangEngine(EngineAdapter[str]):
         self._layouts[box.id] = layout_from_server_info(info)
         self._pools[box.id] = _positive_int(info.get("max_total_num_tokens"))
         self._priority_eviction[box.id] = info.get("radix_eviction_policy") == "priority"
+        version = info.get("version")
+        self._versions[box.id] = version if isinstance(version, str) else ""
         return info
 
     async def capacity(self, box: BoxSpec) -> BoxCapacity:
@@ -205,14 +209,13 @@ class SglangEngine(EngineAdapter[str]):
         the share running requests hold now (`sglang:token_usage`, read fresh). See the module docstring."""
         if box.id not in self._pools:
             await self._server_info(box)
-        pool = self._pools[box.id]
+        pool, version = self._pools[box.id], self._versions.get(box.id, "")
         if pool is None:
-            return BoxCapacity(source="sglang /server_info without max_total_num_tokens")
+            return BoxCapacity(source="sglang /server_info without max_total_num_tokens", version=version)
         samples = await self._metrics_if_exposed(box)  # None when --enable-metrics is off
         used = None if samples is None else busiest_share(samples, "sglang:token_usage")
-        return pool_capacity(
-            pool, used, "sglang /server_info max_total_num_tokens, /metrics sglang:token_usage"
-        )
+        source = "sglang /server_info max_total_num_tokens, /metrics sglang:token_usage"
+        return replace(pool_capacity(pool, used, source), version=version)
 
     async def cache_layout(self, box: BoxSpec) -> CacheLayout:
         """From the /server_info the epoch poll last read (it changes only with the process), else fresh."""
@@ -225,19 +228,20 @@ class SglangEngine(EngineAdapter[str]):
     async def health(self, box: BoxSpec) -> bool:
         """Up on 200, and on a /health timeout while the box still answers (slow, not down). Only a box
         that does not answer at all feeds the restart watch as down: a 503 comes from a live process."""
-        status, timed_out = await self._http.health_answer(box, "/health")
-        if status == 200:
+        answer = await self._http.health_answer(box, "/health")
+        if answer.status == 200:
             self._watch.saw_health(box.id, True)
             return True
-        if timed_out and await self._answers(box):
+        if answer.timed_out and await self._answers(box):
             return True
-        if status is None:  # no answer at all (refused, or nothing answers in time): a restart may follow
+        if (
+            answer.status is None
+        ):  # no answer at all (refused, or nothing answers in time): a restart may follow
             self._watch.saw_health(box.id, False)
-        return False
+        raise answer.down(box)
 
     async def _answers(self, box: BoxSpec) -> bool:
-        status, _ = await self._http.health_answer(box, "/model_info")
-        return status == 200
+        return (await self._http.health_answer(box, "/model_info")).status == 200
 
     async def epoch(self, box: BoxSpec) -> str:
         """The process identity (see the module docstring). /server_info asks the scheduler for its state

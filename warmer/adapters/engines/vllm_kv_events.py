@@ -37,16 +37,16 @@ import zmq
 import zmq.asyncio
 
 from warmer.core.errors import EngineUnavailable, MalformedResponse, NotSupported
-from warmer.core.model import BoxSpec, KvEventsEndpoint
-from warmer.core.residency import (
+from warmer.core.kv_event_stream import (
     AllBlocksCleared,
     BlockHash,
-    BlockHasher,
     BlockRemoved,
     BlockStored,
     CacheEvent,
     EventBatch,
 )
+from warmer.core.model import BoxSpec, KvEventsEndpoint
+from warmer.core.residency import BlockHasher
 
 END_OF_REPLAY = -1
 _STORED_FIELDS = (

@@ -38,18 +38,9 @@ from typing import Protocol
 import structlog
 
 from warmer.core.errors import NotSupported, WarmerError
+from warmer.core.kv_event_stream import EventBatch, SequenceCursor, SeqVerdict, replay_covers
 from warmer.core.model import BoxSpec, CacheLayout, Prefix
-from warmer.core.residency import (
-    BlockHasher,
-    BoxResidency,
-    EventBatch,
-    MirrorOverflow,
-    PrefixResidency,
-    PrefixState,
-    SequenceCursor,
-    SeqVerdict,
-    replay_covers,
-)
+from warmer.core.residency import BlockHasher, BoxResidency, MirrorOverflow, PrefixResidency, PrefixState
 from warmer.ports import CacheEventPort, CacheEventStream, Clock
 from warmer.service.periodic import every_period
 

@@ -37,6 +37,7 @@ from warmer.service.engine_work.warming import WarmExecutor
 from warmer.service.reconciler.parts import Hooks, build_parts
 from warmer.service.reconciler.types import (
     BoxLive,
+    BoxSeen,
     EnsureResult,
     NullObserver,
     PendingPrompt,
@@ -71,6 +72,7 @@ class Reconciler:
     ) -> None:
         self._store = store
         self._clock = clock
+        self._last_pass = clock.monotonic()  # a pass's end, or the reconciler's birth before the first
         self._config = config = config or ReconcilerConfig()
         self._boxes = {box.id: box for box in boxes}
         self._profiles = dict(profiles)
@@ -80,6 +82,7 @@ class Reconciler:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()
         self._fleet_lock = asyncio.Lock()
+        self._observer = observer = observer or NullObserver()
 
         parts = build_parts(
             engine=engine,
@@ -92,7 +95,7 @@ class Reconciler:
             prefix_source=prefix_source,
             executor=executor,
             restart=restart,
-            observer=observer or NullObserver(),
+            observer=observer,
             demand=demand,
             lock=self._fleet_lock,
             log=log,
@@ -164,7 +167,18 @@ class Reconciler:
     async def tick(self) -> None:
         """One level-triggered pass: observe, desired, diff, act (engine work continues as tasks)."""
         async with self._fleet_lock:
-            await self._tick()
+            try:
+                await self._tick()
+            finally:  # a pass that ended on a store error still shows the loop alive
+                self._last_pass = self._clock.monotonic()
+
+    def stalled(self, bound_seconds: float) -> str | None:
+        """Why the loop counts as wedged — no pass ended for more than `bound_seconds` (counted from
+        start-up before the first) — or None. /healthz fails on it, so a liveness probe restarts it."""
+        idle = self._clock.monotonic() - self._last_pass
+        if idle <= bound_seconds:
+            return None
+        return f"no reconcile pass finished for {idle:.0f}s (reconcile.stall_seconds = {bound_seconds:g})"
 
     async def _tick(self) -> None:
         await self.start()
@@ -197,7 +211,27 @@ class Reconciler:
         self._runner.buckets = dict(result.buckets)
         await self._runner.dispatch([a for a in result.actions if self._replicas.owns(a.box_id)])
         await self._ready.note(self._health.live, desired, self._observed(for_routes=True))
+        self._observer.boxes_seen(self._boxes_seen())
         self._notify_changed()
+
+    def _boxes_seen(self) -> list[BoxSeen]:
+        seen: list[BoxSeen] = []
+        for box_id, box in self._boxes.items():
+            live = self._health.live.get(box_id)
+            capacity = self._health.capacity.get(box_id)
+            failure = None if live is None or live.healthy else (live.health_error_kind or "unhealthy")
+            seen.append(
+                BoxSeen(
+                    box_id=box_id,
+                    engine=box.engine.value,
+                    model=box.model,
+                    group=box.group,
+                    version=capacity.version if capacity is not None else "",
+                    healthy=live is not None and live.healthy,
+                    failure=None if failure is None else str(failure),
+                )
+            )
+        return seen
 
     def _observed(self, *, for_routes: bool) -> Observed:
         """What is: the boxes as last polled, the warm records (for routes: only trusted ones), the work

@@ -37,7 +37,7 @@ from typing import NamedTuple
 import structlog
 
 from warmer.core.capacity import PrefixBudgetPolicy, capacity_in_force
-from warmer.core.errors import EngineSlow, LeaseLost, StoreError, WarmerError
+from warmer.core.errors import EngineDown, EngineSlow, HealthFailure, LeaseLost, StoreError, WarmerError
 from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
 from warmer.core.planner import WarmupStatus
@@ -51,8 +51,9 @@ class Health(NamedTuple):
 
     healthy: bool
     epoch: str | None
-    error: str | None  # why not healthy
+    error: str | None  # why not healthy: the detail
     slow: bool  # not healthy only because it answered too late
+    kind: HealthFailure | None = None  # how it failed: refused, timeout, an HTTP status...
 
 
 class BoxHealth:
@@ -117,7 +118,7 @@ class BoxHealth:
         """Apply one answer; True when the box went up or down, or restarted."""
         before = self.live.get(box.id)
         was = (before.healthy, before.epoch) if before is not None else None
-        await self.apply(box, *health, now)
+        await self.apply(box, health, now)
         after = self.live.get(box.id)
         return after is not None and was is not None and (after.healthy, after.epoch) != was
 
@@ -125,14 +126,21 @@ class BoxHealth:
         """One box's health and epoch, as its engine answers now."""
         try:
             if not await self._engine.health(box):
-                return Health(False, None, "health check failed", slow=False)
-            epoch = await self._engine.epoch(box)
-            tag = self._epoch_tag(box.id)
-            return Health(True, epoch if tag is None else f"{epoch}~{tag}", None, slow=False)
+                return Health(False, None, "health check failed", slow=False, kind=HealthFailure.UNHEALTHY)
         except EngineSlow as exc:
-            return Health(False, None, str(exc), slow=True)
+            return Health(False, None, str(exc), slow=True, kind=HealthFailure.TIMEOUT)
+        except EngineDown as exc:
+            return Health(False, None, str(exc), slow=False, kind=exc.kind)
         except WarmerError as exc:
-            return Health(False, None, str(exc), slow=False)
+            return Health(False, None, str(exc), slow=False, kind=HealthFailure.UNHEALTHY)
+        try:
+            epoch = await self._engine.epoch(box)
+        except EngineSlow as exc:
+            return Health(False, None, str(exc), slow=True, kind=HealthFailure.TIMEOUT)
+        except WarmerError as exc:
+            return Health(False, None, str(exc), slow=False, kind=HealthFailure.EPOCH)
+        tag = self._epoch_tag(box.id)
+        return Health(True, epoch if tag is None else f"{epoch}~{tag}", None, slow=False)
 
     async def recheck(self, box: BoxSpec, lock: asyncio.Lock) -> bool:
         """Look at one box now, between polls; True when something changed (applied under `lock`, the
@@ -149,20 +157,13 @@ class BoxHealth:
                 self._log.warning("box health not stored yet", box=box.id, error=str(exc))
         return changed
 
-    async def apply(
-        self,
-        box: BoxSpec,
-        healthy: bool,
-        epoch: str | None,
-        error: str | None,
-        slow: bool,
-        now: float,
-    ) -> None:
+    async def apply(self, box: BoxSpec, health: Health, now: float) -> None:
         """Change the in-memory view first, then queue its store writes: what the daemon sees of a box
         must take it out of readiness at once, whether or not the database answers."""
         live = self.live.get(box.id)
         if live is None:
             return  # removed from the fleet while it was being polled
+        healthy, epoch, error, slow, kind = health
         if not healthy or epoch is None:
             if slow and live.healthy and live.slow_polls < self._slow_polls_allowed:
                 live.slow_polls += 1
@@ -170,23 +171,29 @@ class BoxHealth:
                     "box slow to answer its health poll: kept in its routes",
                     box=box.id,
                     error=error,
+                    kind=kind,
                     slow_polls=live.slow_polls,
                     allowed=self._slow_polls_allowed,
                 )
                 return
             live.slow_polls = 0
+            kind = kind or HealthFailure.UNHEALTHY
             if live.healthy:
-                self._log.warning("box unhealthy: out of every route", box=box.id, error=error)
+                self._log.warning("box unhealthy: out of every route", box=box.id, kind=kind, error=error)
                 event = LoggedEvent(
                     at=now,
                     kind=EventKind.BOX_UNHEALTHY,
                     box_id=box.id,
                     epoch=live.epoch,
-                    detail={"error": error},
+                    detail={"error": error, "kind": str(kind)},
                 )
                 if self._owns(box.id):
                     self._event_later(event)
-            live.healthy, live.health_error = False, error
+            elif (kind, error) != (live.health_error_kind, live.health_error):
+                # Never up yet, or down another way than at the last poll: an unreachable box is in the
+                # log from its first poll, and each change of why (refused -> 503 -> timeout) is too.
+                self._log.warning("box unhealthy", box=box.id, kind=kind, error=error)
+            live.healthy, live.health_error, live.health_error_kind = False, error, kind
             return
         if epoch != live.epoch:
             await self._new_epoch(box, epoch, live, now)
@@ -197,7 +204,9 @@ class BoxHealth:
             )
             if not live.healthy:
                 self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
-        live.healthy, live.health_error, live.slow_polls = True, None, 0
+        if not live.healthy and live.health_error is not None:
+            self._log.info("box healthy again", box=box.id, was=live.health_error_kind)
+        live.healthy, live.health_error, live.health_error_kind, live.slow_polls = True, None, None, 0
 
     async def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
         """A restart: the new process starts cold, its epoch is stored, its warm-up resumed if begun."""

@@ -7,13 +7,13 @@ them without the loop; `warmer.service.reconciler` re-exports them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from warmer.core.agents import AgentSpec
 from warmer.core.capacity import PrefixBudgetPolicy
-from warmer.core.errors import WarmerError
+from warmer.core.errors import HealthFailure, WarmerError
 from warmer.core.gate import GateAnswer, GateConfig
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
@@ -42,6 +42,19 @@ class PrefixSource(Protocol):
     """Computes an agent's stable prefix for its model (offline template+tokenizer, or the engine's)."""
 
     async def __call__(self, spec: AgentSpec, profile: ModelProfile) -> ComputedPrefix: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BoxSeen:
+    """One fleet box as the last health poll saw it, for the per-box health and info metrics."""
+
+    box_id: str
+    engine: str
+    model: str
+    group: str
+    version: str  # the engine's own version where its capacity reading reports it, else ""
+    healthy: bool
+    failure: str | None  # how the last poll failed (a HealthFailure value); None while healthy
 
 
 class ReconcileObserver(Protocol):
@@ -77,6 +90,11 @@ class ReconcileObserver(Protocol):
         under the previous engine version."""
         ...
 
+    def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
+        """Every fleet box's health and identity after each poll: the full set, so a box that left the
+        fleet disappears from the report."""
+        ...
+
 
 class NullObserver:
     """Reports nowhere (unit tests, one-off tools)."""
@@ -103,6 +121,9 @@ class NullObserver:
         return None
 
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
+        return None
+
+    def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
         return None
 
 
@@ -199,6 +220,7 @@ class BoxLive:
     healthy: bool = False
     epoch: str | None = None
     health_error: str | None = None
+    health_error_kind: HealthFailure | None = None  # how the last poll failed (refused, timeout, ...)
     slow_polls: int = 0  # health polls in a row answered too late while it stayed in its routes
     healthy_since: float | None = None  # unix seconds: health first seen up in this epoch
     healthy_since_mono: float | None = None

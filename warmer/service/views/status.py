@@ -96,7 +96,7 @@ class BoxView:
     model: str
     slots: int
     healthy: bool
-    health_error: str | None
+    health_error: str | None  # the last failed poll's detail, e.g. "GET /health answered 503: loading"
     epoch: str | None
     warmup: str  # restart warm-up of the current epoch: not_started, running, done, failed
     warmup_error: str | None
@@ -109,6 +109,9 @@ class BoxView:
     # while none does; `held_here`: this replica. Alone, lease_holder is null and held_here true.
     lease_holder: str | None = None
     held_here: bool = True
+    # how the last health poll failed: refused, connect_timeout, unreachable, timeout, http_status,
+    # unhealthy, epoch (null while healthy)
+    health_error_kind: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +288,7 @@ class StatusService:
             slots=spec.slots,
             healthy=live.healthy,
             health_error=live.health_error,
+            health_error_kind=None if live.health_error_kind is None else str(live.health_error_kind),
             epoch=live.epoch,
             warmup=live.warmup.value,
             warmup_error=live.warmup_error,

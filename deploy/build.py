@@ -1,31 +1,78 @@
-"""Builds deploy/grafana/warmer.json, the Grafana dashboard for warmer, with Grafana's own Foundation SDK
-(typed builders of the dashboard schema), so the JSON is generated, never hand-edited.
+"""Builds the generated files of deploy/, so none of them is hand-edited or kept in two copies:
 
-    python deploy/grafana/build.py          # rewrites warmer.json next to this file
+- grafana/warmer.json: the Grafana dashboard, with Grafana's own Foundation SDK (typed builders of the
+  dashboard schema);
+- kubernetes/components/monitoring/grafana-dashboard.yaml: the same JSON in a ConfigMap labelled for
+  Grafana's dashboard sidecar;
+- kubernetes/components/monitoring/prometheusrule.yaml: prometheus/warmer.rules.yml (the one rule file,
+  also loadable by a plain Prometheus) as the Prometheus Operator's PrometheusRule.
 
-tests/unit/test_grafana_dashboard.py checks the committed JSON is this builder's output and that every
-query reads metrics warmer really exports.
+    python deploy/build.py          # rewrites all three
+
+tests/unit/test_grafana_dashboard.py and test_deploy_files.py check the committed files are this builder's
+output and that every query reads metrics warmer really exports.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, Row
+import yaml
+from grafana_foundation_sdk.builders.dashboard import Dashboard, DatasourceVariable, QueryVariable, Row
 from grafana_foundation_sdk.builders.prometheus import Dataquery
 from grafana_foundation_sdk.builders.stat import Panel as Stat
 from grafana_foundation_sdk.builders.statetimeline import Panel as StateTimeline
 from grafana_foundation_sdk.builders.timeseries import Panel as Timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DataSourceRef
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh, VariableSort
 
-OUTPUT = Path(__file__).resolve().parent / "warmer.json"
+DEPLOY = Path(__file__).resolve().parent
+OUTPUT = DEPLOY / "grafana" / "warmer.json"
+MONITORING = DEPLOY / "kubernetes" / "components" / "monitoring"
+DASHBOARD_CONFIGMAP = MONITORING / "grafana-dashboard.yaml"
+RULES = DEPLOY / "prometheus" / "warmer.rules.yml"
+PROMETHEUS_RULE = MONITORING / "prometheusrule.yaml"
 UID = "warmer"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
+# Every series a panel reads is narrowed to the chosen warmer: the namespace it runs in and the scrape job.
+SCOPE = 'namespace=~"$namespace", job=~"$job"'
+_METRIC = re.compile(r"\b(warmer_[a-z0-9_]+)(\{([^}]*)\})?")
+# kube-prometheus-stack selects ServiceMonitors and PrometheusRules by this label (its Helm release name);
+# the example overlay shows how to set another value.
+RELEASE_LABEL = {"release": "kube-prometheus-stack"}
+# Grafana's dashboard sidecar (kube-prometheus-stack: grafana.sidecar.dashboards.label / labelValue)
+# loads every ConfigMap carrying this label.
+SIDECAR_LABEL = {"grafana_dashboard": "1"}
+NAME_LABEL = {"app.kubernetes.io/name": "warmer"}
+
+
+def scoped(expr: str) -> str:
+    """`expr` with every warmer_* selector narrowed to the dashboard's namespace and job."""
+
+    def narrow(match: re.Match[str]) -> str:
+        matchers = match.group(3)
+        return f"{match.group(1)}{{{matchers + ', ' if matchers else ''}{SCOPE}}}"
+
+    return _METRIC.sub(narrow, expr)
+
+
+def _label_variable(name: str, label: str, query: str) -> QueryVariable:
+    return (
+        QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query({"query": query, "refId": name})
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+        .include_all(True)
+        .all_value(".*")
+        .multi(False)
+    )
 
 
 def _p95(bucket: str, by: str) -> str:
@@ -33,7 +80,7 @@ def _p95(bucket: str, by: str) -> str:
 
 
 def _query(expr: str, legend: str) -> Dataquery:
-    return Dataquery().expr(expr).legend_format(legend)
+    return Dataquery().expr(scoped(expr)).legend_format(legend)
 
 
 def _series(title: str, description: str, unit: str, *queries: Dataquery, width: int = 12) -> Timeseries:
@@ -60,9 +107,11 @@ def dashboard() -> dict[str, Any]:
         .time("now-6h", "now")
         .timezone("browser")
         .with_variable(DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+        .with_variable(_label_variable("namespace", "Namespace", "label_values(warmer_up, namespace)"))
+        .with_variable(_label_variable("job", "Job", 'label_values(warmer_up{namespace=~"$namespace"}, job)'))
         .with_row(Row("Fleet"))
-        .with_panel(_stat("Boxes ready", "Boxes traffic may use now.", "sum(warmer_boxes_ready)"))
-        .with_panel(_stat("Prefixes warm", "(box, prefix) pairs verified warm.", "sum(warmer_prefixes_warm)"))
+        .with_panel(_stat("Boxes ready", "Boxes traffic may use now.", "max(warmer_boxes_ready)"))
+        .with_panel(_stat("Prefixes warm", "(box, prefix) pairs verified warm.", "max(warmer_prefixes_warm)"))
         .with_panel(
             _stat("Daemon ready", "1 when every replica is ready (database reachable).", "min(warmer_ready)")
         )
@@ -85,10 +134,19 @@ def dashboard() -> dict[str, Any]:
         )
         .with_panel(
             _series(
+                "Health failures per box",
+                "1 while the box's health poll fails, by how: refused (process down), connect_timeout "
+                "(host or network policy), http_status (e.g. 503 while loading), timeout (busy), epoch.",
+                "short",
+                _query("max by (box, kind) (warmer_box_health_failure)", "{{box}} {{kind}}"),
+            )
+        )
+        .with_panel(
+            _series(
                 "Prefixes warming per box",
                 "Agent prefixes a box should hold that are not warm yet in its current epoch.",
                 "short",
-                _query("sum by (box) (1 - warmer_box_agent_warm)", "{{box}}"),
+                _query("sum by (box) (1 - max by (box, agent) (warmer_box_agent_warm))", "{{box}}"),
             )
         )
         .with_panel(
@@ -139,10 +197,12 @@ def dashboard() -> dict[str, Any]:
                 "short",
                 _query(f"sum(rate(warmer_warm_prompt_tokens_total[{RATE}]))", "warmer warms"),
                 _query(
-                    f'sum(rate(warmer_engine_prompt_tokens_total{{cached="false"}}[{RATE}]))', "prefilled"
+                    f'sum(max by (box) (rate(warmer_engine_prompt_tokens_total{{cached="false"}}[{RATE}])))',
+                    "prefilled",
                 ),
                 _query(
-                    f'sum(rate(warmer_engine_prompt_tokens_total{{cached="true"}}[{RATE}]))', "from cache"
+                    f'sum(max by (box) (rate(warmer_engine_prompt_tokens_total{{cached="true"}}[{RATE}])))',
+                    "from cache",
                 ),
             )
         )
@@ -200,6 +260,53 @@ def render() -> str:
     return json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings as `|` blocks, so the generated manifests stay readable and diffable."""
+
+
+def _block_strings(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _block_strings)
+
+
+def _manifest(header: str, document: dict[str, Any]) -> str:
+    body = yaml.dump(document, Dumper=_BlockDumper, sort_keys=False, width=120)
+    return f"# {header} Generated by deploy/build.py: edit that, not this.\n{body}"
+
+
+def render_dashboard_configmap() -> str:
+    document = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "warmer-dashboard", "labels": {**NAME_LABEL, **SIDECAR_LABEL}},
+        "data": {"warmer.json": render()},
+    }
+    return _manifest("deploy/grafana/warmer.json for Grafana's dashboard sidecar.", document)
+
+
+def render_prometheus_rule() -> str:
+    document = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "warmer", "labels": {**NAME_LABEL, **RELEASE_LABEL}},
+        "spec": yaml.safe_load(RULES.read_text()),
+    }
+    return _manifest("deploy/prometheus/warmer.rules.yml for the Prometheus Operator.", document)
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and the text it must hold."""
+    return {
+        OUTPUT: render(),
+        DASHBOARD_CONFIGMAP: render_dashboard_configmap(),
+        PROMETHEUS_RULE: render_prometheus_rule(),
+    }
+
+
 if __name__ == "__main__":
-    OUTPUT.write_text(render())
-    sys.stdout.write(f"wrote {OUTPUT}\n")
+    for path, text in outputs().items():
+        path.write_text(text)
+        sys.stdout.write(f"wrote {path}\n")
