@@ -30,6 +30,7 @@ from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
 from warmer.core.agent_requests import build_request, sample_values
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
+from warmer.core.errors import EngineDown, HealthFailure
 from warmer.core.hosted import keep_warm_decision
 from warmer.core.lint import lint_agent
 from warmer.core.model import BoxSpec, ModelProfile, Prefix
@@ -193,17 +194,20 @@ def test_a_wrong_key_is_refused_and_never_shown(
         }
     )
 
-    async def go() -> tuple[bool, WarmOutcome]:
+    async def go() -> tuple[EngineDown, WarmOutcome]:
         async with engine_http_client(settings) as client:
             engine = build_engine_dispatcher(settings, client, boxes=[box], profiles=PROFILES)
-            healthy = await engine.health(box)
+            with pytest.raises(EngineDown) as down:
+                await engine.health(box)
             outcome = await WarmExecutor(engine, SystemClock()).warm_and_verify(
                 box, OPENAI, prefix_of(agent(OPENAI, rules=30), OPENAI)
             )
-            return healthy, outcome
+            return down.value, outcome
 
-    healthy, outcome = asyncio.run(go())
-    assert not healthy
+    down, outcome = asyncio.run(go())
+    assert down.kind is HealthFailure.HTTP_STATUS  # a rejected key is down, not slow
+    assert "401" in str(down)
+    assert "sk-wrong-key-1111" not in str(down)
     assert not outcome.verified
     assert outcome.reason is not None
     assert "401" in outcome.reason
