@@ -85,7 +85,6 @@ class ReadyReports:
         gate: GateConfig | None = None,
     ) -> None:
         self._gate = gate or GateConfig()
-        self._released: dict[str, tuple[str | None, str]] = {}  # box -> (epoch, reason): let in, not ready
         # the last pass's gate answer per box, with the epoch it was given for (replaced, never mutated)
         self.gate: Mapping[str, tuple[str | None, GateAnswer]] = {}
         self._owns = owns  # a box held by another replica: its holder records the ready moment
@@ -120,17 +119,11 @@ class ReadyReports:
         """A box the gate lets in while it is not ready is a fleet in trouble (it could not warm in time, or
         every box of a model restarted at once): a warning and an event once per release, and the metric."""
         answers = gate_answers(boxes, live, ready, now, self._gate)
-        self.gate = {box_id: (live[box_id].epoch, answer) for box_id, answer in answers.items()}
-        released: dict[str, tuple[str | None, str]] = {}
-        rules: dict[str, str] = {}
-        for box_id, answer in answers.items():
-            if not answer.released:
-                continue
-            epoch = live[box_id].epoch
-            released[box_id] = (epoch, answer.reason)
-            rules[box_id] = answer.release or ""
-            if self._released.get(box_id) == (epoch, answer.reason):
-                continue
+        before, self.gate = self.gate, {box_id: (live[box_id].epoch, a) for box_id, a in answers.items()}
+        for box_id, given in self.gate.items():
+            epoch, answer = given
+            if answer.release is None or before.get(box_id) == given:
+                continue  # held or ready, or let in already on the last pass for the same reason
             self._log.warning(
                 "box let in by the readiness gate while not ready", box=box_id, why=answer.reason
             )
@@ -144,8 +137,9 @@ class ReadyReports:
                         detail={"release": answer.release, "reason": answer.reason},
                     )
                 )
-        self._released = released
-        self._observer.gate_released(rules)
+        self._observer.gate_released(
+            {box_id: a.release for box_id, (_, a) in self.gate.items() if a.release is not None}
+        )
 
     async def _record(self, box_id: str, live: BoxLive, epoch: str, now: float) -> None:
         since_mono = (
