@@ -9,12 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 
 from warmer.config.settings import Settings
 from warmer.core.model import BoxSpec, CacheLayout, CacheStats, EngineKind
 from warmer.core.promtext import parse_prometheus_text
 from warmer.root.app import build
 from warmer.root.database import ManagedStore
+from warmer.root.metrics import HitRateMetrics
 from warmer.service.engine_signals.hitrate_monitor import HitRateConfig, HitRateMonitor
 from warmer.service.fleet.gateway_sync import GatewaySync
 
@@ -198,3 +200,23 @@ def test_route_templates_keep_label_values_bounded(tmp_path: Path) -> None:
         await daemon.close()
 
     asyncio.run(scenario())
+
+
+def test_a_healthy_box_shows_its_alert_at_0_from_its_first_judged_window() -> None:
+    """The alert gauge is a series from the box's first judged window, not from its first crossing: a
+    box that never dropped below the threshold reads 0 on the dashboard, not "no data"."""
+    registry = CollectorRegistry()
+    metrics = HitRateMetrics(registry)
+    counters = Counters()
+    monitor = HitRateMonitor(
+        engine=counters,  # type: ignore[arg-type]  # only cache_stats is used
+        fleet=lambda: [BOX],
+        clock=Clock(),
+        config=HitRateConfig(min_tokens_per_window=100),
+        observer=metrics,
+    )
+    asyncio.run(monitor.scrape_once())
+    counters.queried, counters.hits = 1000.0, 990.0
+    asyncio.run(monitor.scrape_once())
+    assert registry.get_sample_value("warmer_box_cache_hit_ratio", {"box": BOX.id}) == pytest.approx(0.99)
+    assert registry.get_sample_value("warmer_box_hit_rate_below_threshold", {"box": BOX.id}) == 0

@@ -337,6 +337,9 @@ class HitRateMetrics:
 
     def hit_ratio(self, box_id: str, ratio: float) -> None:
         self.ratio.labels(box=box_id).set(ratio)
+        # The alert's series exists (at 0) from a box's first judged window, not from its first
+        # crossing: a healthy box shows 0, not "no data", on the dashboard and to `absent()`.
+        self.below.labels(box=box_id)
 
     def alert(self, box_id: str, below_threshold: bool) -> None:
         self.below.labels(box=box_id).set(1 if below_threshold else 0)
