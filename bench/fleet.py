@@ -369,6 +369,7 @@ class RunConfig:
     warm_timeout_s: float
     workdir: Path
     restart: bool = True
+    ctx_per_slot: int = CTX_PER_SLOT
 
 
 @dataclass
@@ -526,7 +527,7 @@ async def _background(
     """The call's background request (one output token): its prefill counts as the calls' own."""
     started = clock()
     try:
-        result = await stream_completion(client, target.base_url, prompt, 1)
+        result = await stream_completion(client, target.base_url, prompt, 1, target.slot)
     except TurnFailed:
         record.failures += 1
         return
@@ -745,7 +746,7 @@ async def run_policy(
         binary=config.binary,
         model=config.model,
         slots=SLOTS,
-        ctx_per_slot=CTX_PER_SLOT,
+        ctx_per_slot=config.ctx_per_slot,
         threads=config.threads,
         cache_ram_mib=SETTINGS[config.setting],
         log_dir=workdir / "boxes",
@@ -841,7 +842,7 @@ async def calibrate(config: RunConfig, agents: Agents, samples_per_agent: int = 
         binary=config.binary,
         model=config.model,
         slots=SLOTS,
-        ctx_per_slot=CTX_PER_SLOT,
+        ctx_per_slot=config.ctx_per_slot,
         threads=config.threads,
         cache_ram_mib=SETTINGS[config.setting],
         log_dir=config.workdir / "calibration",
@@ -1045,7 +1046,7 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
         "model_file": model.name,
         "boxes": args.boxes,
         "slots": SLOTS,
-        "ctx_per_slot": CTX_PER_SLOT,
+        "ctx_per_slot": mix.ctx_per_slot,
         "threads": args.threads,
         "calls": len(calls),
         "turns": sum(c.turns for c in calls),
@@ -1062,7 +1063,9 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
     settings = ["tight", "roomy"] if args.setting == "both" else [args.setting]
     results: dict[str, dict[str, Any]] = {s: {"cache_ram_mib": SETTINGS[s], "repeats": []} for s in settings}
     git = git_commit()
-    summary_meta = {k: meta[k] for k in ("shape", "model", "boxes", "slots", "calls", "turns", "schedule")}
+    summary_meta = {
+        k: meta[k] for k in ("shape", "model", "boxes", "slots", "ctx_per_slot", "calls", "turns", "schedule")
+    }
     summary_meta["agents"] = len(agents.order)
     tables: list[str] = []
     summaries: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
@@ -1082,6 +1085,7 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
                 warm_timeout_s=args.warm_timeout,
                 workdir=workdir / f"run-{repeat}" / setting,
                 restart=not args.no_restart,
+                ctx_per_slot=mix.ctx_per_slot,
             )
             run_meta = {
                 "setting": setting,

@@ -160,15 +160,21 @@ class CallMix:
     turn_weights: tuple[float, ...] | None = None  # None: DEFAULT_TURN_WEIGHTS
     tool_share: float = 0.0
     background: bool = False
+    ctx_per_slot: int = 4096  # each llama-server slot's context (`-c` = slots x this)
 
 
-# The seeds' calls scaled to the testbed's 4,096-token slots: prompts spread over 800-2,600 tokens (a call's
-# later turns must still fit), a median of 6 turns (1-10), a tool result in 30% of later turns, and one
-# background request per call.
+# The seeds' calls on the testbed's model: prompts spread over 800-2,600 tokens, a median of 6 turns (1-10),
+# a tool result in 30% of later turns, and one background request per call. Slots of 8,192 tokens: a
+# 10-turn call on the largest prompt outgrew 4,096 (HTTP 400 at turn 7 or later in the first look), and the
+# seeds' calls fit their model's context; the slot count, so the prompts a box holds, is unchanged.
 REALMIX_TURN_WEIGHTS: tuple[float, ...] = (0.04, 0.06, 0.08, 0.10, 0.14, 0.16, 0.14, 0.11, 0.09, 0.08)
 MIXES: dict[str, CallMix] = {
     "realmix": CallMix(
-        prompt_tokens=(800, 2600), turn_weights=REALMIX_TURN_WEIGHTS, tool_share=0.3, background=True
+        prompt_tokens=(800, 2600),
+        turn_weights=REALMIX_TURN_WEIGHTS,
+        tool_share=0.3,
+        background=True,
+        ctx_per_slot=8192,
     ),
 }
 

@@ -182,9 +182,11 @@ class Policy:
         return {}
 
     def background_target(self, prompt: str, call_target: Target) -> Target:
-        """Where a call's background request goes: by default the box the call is on, no slot named
-        (warmer knows nothing of it: the engine picks the slot it evicts)."""
-        return Target(call_target.base_url, call_target.box_id)
+        """Where a call's background request goes: by default the box the call is on, in the call's slot
+        when its turns name one (warmer's answer: a request warmer is not told of stays in the slot warmer
+        already counts as the call's, so it evicts no prefix another answer vouches for; the call's next
+        turn pays for it), else no slot named (the engine picks the slot it evicts)."""
+        return Target(call_target.base_url, call_target.box_id, slot=call_target.slot)
 
 
 async def send_prefix(client: httpx.AsyncClient, url: str, prefix: str, attempts: int = 1) -> int:
