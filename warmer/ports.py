@@ -20,6 +20,7 @@ from warmer.core.model import (
     WarmRecord,
     WarmState,
 )
+from warmer.core.observations import HealthObservation, StoredObservation
 from warmer.core.shared_state import SharedFleetState, StateChange
 from warmer.core.tokenizer_drift import TokenCountObservation
 
@@ -197,6 +198,21 @@ class CoordinationPort(Protocol):
         self, event_id: str, kind: str, body_sha256: str, at: float, change: StateChange
     ) -> bool:
         """Remember a webhook event id and write its change atomically; False when the id was seen."""
+        ...
+
+
+class HealthExchangePort(Protocol):
+    """Box health as lease holders saw it, shared through the store (`warmer.core.observations`)."""
+
+    async def publish(
+        self, replica_id: str, changed: Mapping[str, HealthObservation], *, stamp: bool
+    ) -> frozenset[str]:
+        """Write the changed observations of boxes the replica holds and, with `stamp`, mark its poll round
+        over every box it holds, in one transaction; the boxes written."""
+        ...
+
+    async def read(self, box_ids: Collection[str]) -> dict[str, StoredObservation]:
+        """Each box's stored observation, aged by the database's clock, with whether its observer holds it."""
         ...
 
 

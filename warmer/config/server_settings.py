@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from warmer.config.section import Section, http_url
+from warmer.core.observations import DEFAULT_STALE_AFTER_SECONDS
 from warmer.core.webhook import BoxUrlPolicy, check_box_url_pattern
 
 EMBEDDED_DATABASE_FILE = "warmer.db"
@@ -98,6 +99,17 @@ class ReplicaSettings(Section):
         description=(
             "This daemon's name in the lease table. Default: <hostname>-<pid>-<random>, new on every start "
             "(a restarted replica re-probes what it verified before, like any other)."
+        ),
+    )
+
+    observation_stale_seconds: float = Field(
+        default=DEFAULT_STALE_AFTER_SECONDS,
+        gt=0,
+        description=(
+            "Only a box's lease holder polls its health and epoch; the other replicas read what it saw from "
+            "the database. A box whose holder's last poll round is older than this (seconds; PostgreSQL's "
+            "clock) counts as not ready on the others, so none routes on a stale view. At least twice "
+            "reconcile.health_poll_seconds: one late round must not take the holder's boxes out."
         ),
     )
 

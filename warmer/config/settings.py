@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from warmer.config.fleet_settings import FleetSettings
@@ -45,6 +45,7 @@ from warmer.config.server_settings import (
 )
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, CacheTier, EngineKind, EngineTimeouts, ModelProfile, RetryPolicy
+from warmer.core.observations import validate_stale_after
 
 CONFIG_ENV_VAR = "WARMER_CONFIG"
 
@@ -90,6 +91,11 @@ class Settings(BaseSettings):
     gate: GateSettings = Field(
         default_factory=GateSettings, description="The admission gate for readiness probes (/admit)."
     )
+
+    @model_validator(mode="after")
+    def _observations_outlive_two_polls(self) -> Settings:
+        validate_stale_after(self.replicas.observation_stale_seconds, self.reconcile.health_poll_seconds)
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -40,6 +40,7 @@ class HealthFailure(StrEnum):
     HTTP_STATUS = "http_status"  # it answered, with another status than 200: starting, overloaded
     UNHEALTHY = "unhealthy"  # the engine said it is not ready in its own way
     EPOCH = "epoch"  # health answered, but the process identity could not be read
+    STALE = "stale"  # another replica holds the box and its last observation is older than the bound
 
 
 class EngineDown(EngineUnavailable):

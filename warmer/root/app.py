@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
 import warmer
+from warmer.adapters.engines.http import count_control_requests
 from warmer.adapters.store.filelock import SqliteFileLock
 from warmer.api import ApiServices, Liveness, Readiness, create_app
 from warmer.config.fleet_settings import GatewaySettings
@@ -94,6 +95,7 @@ class Daemon:
         self.boxes = tuple(boxes)
         self.http = http
         self.metrics = metrics
+        count_control_requests(http, lambda kind: metrics.engine_control_requests.labels(kind=kind).inc())
         self._store_factory = store_factory
         self._prepare = prepare
         self._lock_database = lock

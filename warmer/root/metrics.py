@@ -26,6 +26,9 @@ from warmer.service.reconciler.types import BoxSeen
 
 # `*_created` series (one per counter/histogram child) double the series count and no dashboard or alert
 # of ours reads them. The switch is process-wide in prometheus_client, as is this module.
+# What `warmer_engine_control_requests_total{kind}` counts (`warmer.adapters.engines.dispatch`).
+CONTROL_KINDS = ("health", "epoch", "capacity", "metrics")
+
 disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus_client leaves it unannotated
 
 
@@ -52,6 +55,16 @@ class Metrics:
             ["task"],
             registry=self.registry,
         )
+        self.engine_control_requests = Counter(
+            "warmer_engine_control_requests",
+            "HTTP requests this replica sent engines to read their health, epoch, capacity or metrics "
+            "(kind), retries included: divide the fleet's rate by the boxes for control traffic per box. "
+            "Only a box's lease holder polls its health and epoch.",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in CONTROL_KINDS:  # every kind at 0 from the start: a rate needs the series before its first
+            self.engine_control_requests.labels(kind=kind)
         self.reconcile = ReconcileMetrics(self.registry)
         self.discovery = DiscoveryMetrics(self.registry)
         self.gateway = GatewaySyncMetrics(self.registry)

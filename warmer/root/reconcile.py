@@ -49,6 +49,7 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         precall_protect_seconds=settings.dialer.precall_protect_seconds,
         precall_call_hold_seconds=settings.dialer.call_hold_seconds,
         health_slow_polls_allowed=loop.health_slow_polls_allowed,
+        health_poll_seconds=loop.health_poll_seconds,
         capacity_poll_seconds=settings.capacity.prefix_poll_seconds,
         prefix_budget=settings.capacity.prefix_budget(),
         gate=settings.gate.config(),

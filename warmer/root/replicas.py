@@ -1,8 +1,10 @@
 """Wiring of several replicas: the coordination store over the daemon's SqlStore, this replica's lease
 holder and the reconciler's gate, and their root tasks.
 
-On PostgreSQL: `BoxOwnership` heartbeats (root task `leases`) and a LISTEN connection (root task
-`changes`) wakes the reconcile loop and the heartbeat when another replica wrote leases or deploy state.
+On PostgreSQL: `BoxOwnership` heartbeats (root task `leases`), each box's health polled by its lease
+holder only and read by the others from the store (`SqlHealthExchange`), and a LISTEN connection (root task
+`changes`) that wakes the reconcile loop and the heartbeat when another replica wrote leases, deploy state
+or a changed health observation.
 On SQLite (one daemon per file, held under its lock): `SoleOwnership`, every box trivially held; the
 shared deploy state is still read from the store, so a restarted daemon keeps a rollout in progress.
 """
@@ -16,6 +18,7 @@ from typing import Protocol
 from warmer.adapters.store import SqlStore
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.adapters.store.notify import listen_for_changes
+from warmer.adapters.store.observations import SqlHealthExchange
 from warmer.config.settings import Settings
 from warmer.core.leases import LeaseConfig
 from warmer.ports import Clock
@@ -65,7 +68,9 @@ class ReplicaWiring:
         if sql is None or self.coordination is None:
             return
         holder: BoxOwnership | SoleOwnership
+        health: SqlHealthExchange | None = None
         if self.coordination.notifies:  # a server database: replicas may share it
+            health = SqlHealthExchange(sql)  # each box's health polled by its holder only
             holder = self.ownership = BoxOwnership(
                 coordination=self.coordination,
                 clock=clock,
@@ -78,7 +83,12 @@ class ReplicaWiring:
             sql.fence_box_writes(holder.replica_id)  # a box's rows only while this replica holds it
         else:
             holder = SoleOwnership(settings.replicas.replica_id)
-        self.gate = ReplicaGate(ownership=holder, coordination=self.coordination)
+        self.gate = ReplicaGate(
+            ownership=holder,
+            coordination=self.coordination,
+            health=health,
+            stale_after_seconds=settings.replicas.observation_stale_seconds,
+        )
 
     def attach(self, reconciler: ReplicaAware, fleet: Callable[[], Collection[str]]) -> None:
         self._reconciler, self._fleet = reconciler, fleet

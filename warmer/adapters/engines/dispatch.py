@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from warmer.adapters.engines.http import control_request
 from warmer.core.errors import EngineError, NotSupported
 from warmer.core.model import (
     BoxCapacity,
@@ -19,6 +20,9 @@ from warmer.ports import EnginePort
 
 class EngineDispatcher:
     """EnginePort that routes each call to the adapter for the box's engine kind.
+
+    Control reads (health, epoch, capacity, metrics) run inside `control_request`, so every HTTP request
+    they send counts in `warmer_engine_control_requests_total` (`count_control_requests`).
 
     Warm traffic is bounded per box by the box's warm budget where the reconciler runs it
     (`PlannerConfig.budget_for`), not here: one bound, so a box's budget is what it gets.
@@ -53,10 +57,12 @@ class EngineDispatcher:
             ) from None
 
     async def health(self, box: BoxSpec) -> bool:
-        return await self._engine(box).health(box)
+        with control_request("health"):
+            return await self._engine(box).health(box)
 
     async def epoch(self, box: BoxSpec) -> str:
-        return await self._engine(box).epoch(box)
+        with control_request("epoch"):
+            return await self._engine(box).epoch(box)
 
     async def complete_prefix(
         self,
@@ -97,10 +103,12 @@ class EngineDispatcher:
         return await self._engine(box).tokenize(box, text)
 
     async def cache_stats(self, box: BoxSpec) -> CacheStats:
-        return await self._engine(box).cache_stats(box)
+        with control_request("metrics"):
+            return await self._engine(box).cache_stats(box)
 
     async def cache_layout(self, box: BoxSpec) -> CacheLayout:
         return await self._engine(box).cache_layout(box)
 
     async def capacity(self, box: BoxSpec) -> BoxCapacity:
-        return await self._engine(box).capacity(box)
+        with control_request("capacity"):
+            return await self._engine(box).capacity(box)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +29,34 @@ from warmer.core.errors import (
 from warmer.core.model import BoxSpec, EngineTimeouts, RetryPolicy
 
 JsonObject = dict[str, Any]
+
+# The control read an engine request is part of (health, epoch, capacity, metrics), set by the dispatcher
+# around the port call: every HTTP request it sends, retries and fallbacks included, counts as one of it.
+CONTROL_KIND: ContextVar[str | None] = ContextVar("warmer_engine_control_kind", default=None)
+
+
+@contextmanager
+def control_request(kind: str) -> Iterator[None]:
+    """Within this block, requests sent to engines count as control requests of `kind`."""
+    token = CONTROL_KIND.set(kind)
+    try:
+        yield
+    finally:
+        CONTROL_KIND.reset(token)
+
+
+def count_control_requests(client: httpx.AsyncClient, count: Callable[[str], None]) -> None:
+    """Call `count(kind)` for every request `client` sends inside a `control_request` block: what the
+    engines themselves answer, so a bench reads control traffic per box per minute off one counter."""
+
+    async def on_request(request: httpx.Request) -> None:
+        kind = CONTROL_KIND.get()
+        if kind is not None:
+            count(kind)
+
+    hooks = dict(client.event_hooks)
+    client.event_hooks = {**hooks, "request": [*hooks.get("request", []), on_request]}
+
 
 _BODY_EXCERPT_CHARS = 200
 

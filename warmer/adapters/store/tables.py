@@ -206,6 +206,24 @@ class ReplicaRow(Base):
     heartbeat_at: Mapped[float] = mapped_column(Double)
     expires_at: Mapped[float] = mapped_column(Double)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # database clock of its last poll round that covered every box it holds (`warmer.core.observations`)
+    polled_at: Mapped[float | None] = mapped_column(Double)
+
+
+class BoxObservationRow(Base):
+    """A box's health as the replica holding its lease last saw it (`warmer.core.observations`): written
+    when it changes, trusted while `observer` holds the lease and its replica row's `polled_at` is recent.
+    No foreign key, like the leases: it never blocks removing a box."""
+
+    __tablename__ = "box_observations"
+
+    box_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    observer: Mapped[str] = mapped_column(String(200))
+    healthy: Mapped[bool] = mapped_column()
+    epoch: Mapped[str | None] = mapped_column(String(200))
+    failure: Mapped[str | None] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text)
+    changed_at: Mapped[float] = mapped_column(Double)  # database clock
 
 
 class BoxLeaseRow(Base):

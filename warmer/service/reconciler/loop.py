@@ -1,9 +1,10 @@
 """The reconcile loop: a level-triggered controller that makes the engines hold what should be warm.
 
 Each pass, under the fleet lock (a box added or removed never lands in the middle of one):
-1. observe: poll every box's health and epoch (`restart_detection`: a new epoch is a restart, the box
-   leaves every route at once), compute changed agents' stable prefixes (`catalogue`), reload the warm
-   records (`records`), compute staged prompts and promote those that may become current (`prompts`);
+1. observe: each box's health and epoch, polled here or read from its lease holder (`restart_detection`:
+   a new epoch is a restart, the box leaves every route at once), compute changed agents' stable
+   prefixes (`catalogue`), reload the warm records (`records`), compute staged prompts and promote
+   those that may become current (`prompts`);
 2. desired: placement with move-before-switch handover (`desired`);
 3. diff: the pure `plan` of Desired against Observed;
 4. act: carry the actions out (`actions`: engine work as tasks, bounded per box, every transition written
@@ -185,7 +186,7 @@ class Reconciler:
         await self._replicas.sync_shared(registered=True)
         now = self._clock.now()
         # observe
-        await self._health.poll_all(list(self._boxes.values()), now)
+        await self._health.poll_all(list(self._boxes.values()), now, every=False)  # the timer polls them all
         await self._health.flush()  # a StoreError ends the pass; the view above already holds
         await self._catalogue.refresh(self._agents, self._profiles, now)
         await self._book.reload(self._health.current_epochs(), self._runner.in_flight)
@@ -406,9 +407,9 @@ class Reconciler:
         self.poke()
 
     async def poll_health(self) -> None:
-        """The health timer's light path: poll every box's health and epoch and apply them to the view,
-        and wake a full pass only when something changed (a box went up or down, or restarted). A box
-        that went down or restarted leaves readiness and the routes at once, before that pass."""
+        """The health timer's light path: poll each box's health and epoch (or read its holder's) and apply
+        them to the view, and wake a full pass only when something changed (a box went up or down, or
+        restarted). A box that went down or restarted leaves readiness and the routes at once."""
         if not self._started:
             return  # the loop registers the fleet first; its first pass polls anyway
         async with self._fleet_lock:

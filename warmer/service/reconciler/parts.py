@@ -106,6 +106,8 @@ def build_parts(
         owns=owns,
         capacity_poll_seconds=config.capacity_poll_seconds,
         prefix_budget=config.prefix_budget,
+        sharing=gate if gate is not None and gate.shares_health else None,
+        repoll_after_seconds=config.health_poll_seconds,
     )
     activity = AgentActivity(config.precall_hold_seconds)
     drift = TokenizerDriftCheck(

@@ -40,8 +40,10 @@ from warmer.core.capacity import PrefixBudgetPolicy, capacity_in_force
 from warmer.core.errors import EngineDown, EngineSlow, HealthFailure, LeaseLost, StoreError, WarmerError
 from warmer.core.event_kinds import EventKind
 from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
+from warmer.core.observations import StoredObservation
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.reconciler.health_sharing import HealthSharing, HolderPolls
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
 
@@ -75,6 +77,8 @@ class BoxHealth:
         owns: Callable[[str], bool] = lambda _box_id: True,
         capacity_poll_seconds: float = 0.0,
         prefix_budget: PrefixBudgetPolicy | None = None,
+        sharing: HealthSharing | None = None,
+        repoll_after_seconds: float = 0.0,
     ) -> None:
         self._engine = engine
         self._store = store
@@ -95,24 +99,66 @@ class BoxHealth:
         self.suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
         # Health and epoch writes the in-memory view is already ahead of, oldest first, one per key.
         self._unwritten: dict[tuple[object, ...], Callable[[], Awaitable[object]]] = {}
+        # Several replicas: only a box's lease holder polls it, the others read what it saw.
+        self._holder = HolderPolls(sharing, log)
+        # A pass polls a box only when its last poll here is this old (the health timer polls them all):
+        # one poll per box per health interval, not one more per pass. 0: every pass polls.
+        self._repoll_after = repoll_after_seconds
+        self._polled_at: dict[str, float] = {}  # box id -> monotonic seconds of its last poll here
+        # box id -> the epoch a `recheck` here saw replaced on a box another replica polls: its holder's
+        # observation from before that restart never takes the box back to the dead process
+        self._superseded: dict[str, str] = {}
 
     # ------------------------------------------------------------------------------------------- polling
 
-    async def poll_all(self, boxes: Sequence[BoxSpec], now: float) -> bool:
-        """Poll every box, concurrently and bounded, and apply each answer to the view (its store writes
-        are queued: `flush`); then read the capacity of the healthy boxes whose reading is due. True when a
-        box went up or down, restarted, or its capacity figures in force changed."""
+    async def poll_all(self, boxes: Sequence[BoxSpec], now: float, *, every: bool = True) -> bool:
+        """Poll the boxes this replica polls (`HolderPolls.polled_here`: all of them when it runs alone),
+        concurrently and bounded, and apply each answer to the view (its store writes are queued: `flush`);
+        take the others from their holders' stored observations (not ready when stale); share what
+        changed; then read the capacity of the healthy boxes whose reading is due. `every=False` (a pass)
+        skips boxes polled here within `repoll_after_seconds`. True when a box went up or down, restarted,
+        or its capacity figures in force changed."""
         limit = asyncio.Semaphore(self._concurrency)
+        here = [box for box in boxes if self._holder.polled_here(box.id)]
+        others = [box for box in boxes if not self._holder.polled_here(box.id)]
+        stored = await self._holder.read([box.id for box in others])
+        if stored is None:  # the store does not answer: this replica's own polls are the current view
+            here, others, stored = list(boxes), [], {}
+        due = here if every else [box for box in here if self._poll_due(box.id)]
 
         async def poll(box: BoxSpec) -> Health:
             async with limit:
                 return await self.poll(box)
 
-        results = await asyncio.gather(*(poll(box) for box in boxes))
+        results = await asyncio.gather(*(poll(box) for box in due))
         changed = False
-        for box, health in zip(boxes, results, strict=True):
+        for box, health in zip(due, results, strict=True):
             changed = await self._apply_seen(box, health, now) or changed
+        for box in others:
+            self._polled_at.pop(box.id, None)  # its view is the holder's from now on
+            changed = (
+                await self._apply_seen(box, self._from_holder(box.id, stored.get(box.id)), now) or changed
+            )
+        await self._holder.publish(self.live, self._polled_at.keys(), round_done=len(due) == len(here))
         return await self._follow_load(boxes, limit) or changed
+
+    def _poll_due(self, box_id: str) -> bool:
+        last = self._polled_at.get(box_id, -math.inf)
+        return self._repoll_after <= 0 or self._clock.monotonic() - last >= self._repoll_after
+
+    def _from_holder(self, box_id: str, stored: StoredObservation | None) -> Health:
+        """A box another replica holds, as its holder last saw it; not ready when that is stale."""
+        seen = self._holder.trusted(box_id, stored)
+        if isinstance(seen, str):
+            return Health(False, None, f"not polled here: {seen}", slow=False, kind=HealthFailure.STALE)
+        if seen.epoch is not None and seen.epoch == self._superseded.get(box_id):
+            why = f"not polled here: its holder still reports epoch {seen.epoch}, seen replaced here"
+            return Health(False, None, why, slow=False, kind=HealthFailure.STALE)
+        self._superseded.pop(box_id, None)  # the holder saw the restart too
+        if seen.healthy:
+            return Health(True, seen.epoch, None, slow=False)
+        kind = HealthFailure(seen.failure) if seen.failure in set(HealthFailure) else HealthFailure.UNHEALTHY
+        return Health(False, None, seen.error, slow=False, kind=kind)
 
     async def _apply_seen(self, box: BoxSpec, health: Health, now: float) -> bool:
         """Apply one answer; True when the box went up or down, or restarted."""
@@ -124,6 +170,7 @@ class BoxHealth:
 
     async def poll(self, box: BoxSpec) -> Health:
         """One box's health and epoch, as its engine answers now."""
+        self._polled_at[box.id] = self._clock.monotonic()
         try:
             if not await self._engine.health(box):
                 return Health(False, None, "health check failed", slow=False, kind=HealthFailure.UNHEALTHY)
@@ -147,6 +194,15 @@ class BoxHealth:
         fleet lock, and written if the store answers)."""
         health = await self.poll(box)
         live = self.live.get(box.id)
+        foreign = not self._holder.polled_here(box.id)
+        if (
+            foreign
+            and live is not None
+            and live.epoch is not None
+            and health.healthy
+            and health.epoch != live.epoch
+        ):
+            self._superseded[box.id] = live.epoch  # a restart its holder has not seen yet
         if live is not None and health.healthy == live.healthy and health.epoch == live.epoch:
             return False
         async with lock:
@@ -363,6 +419,8 @@ class BoxHealth:
         fail on every pass."""
         self.capacity.pop(box_id, None)
         self._capacity_read_at.pop(box_id, None)
+        self._polled_at.pop(box_id, None)
+        self._superseded.pop(box_id, None)
         self.live.pop(box_id, None)
         self._unwritten = {k: w for k, w in self._unwritten.items() if k[:2] != (box_id, "epoch")}
 

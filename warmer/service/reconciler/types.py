@@ -135,6 +135,10 @@ class ReconcilerConfig:
     # health polls in a row a healthy box may answer too late and keep its routes (setting:
     # reconcile.health_slow_polls_allowed); a refused connection, an error or a new epoch acts at once
     health_slow_polls_allowed: int = 1
+    # the health timer polls every box this often (setting: reconcile.health_poll_seconds); a pass polls
+    # only the boxes not polled for this long (a lease just gained, a box just added): one poll per box per
+    # interval. 0: every pass polls every box (a reconciler stepped by hand, without the timer)
+    health_poll_seconds: float = 0.0
     # a pre-call ask keeps the agent at top priority this long (setting: dialer.precall_hold_seconds)
     precall_hold_seconds: float = 60.0
     # an ask for an agent without a box that can take its call borrows room this long, just in time
@@ -164,6 +168,8 @@ class ReconcilerConfig:
             raise ValueError("health_concurrency must be >= 1")
         if self.health_slow_polls_allowed < 0:
             raise ValueError("health_slow_polls_allowed must be >= 0")
+        if self.health_poll_seconds < 0:
+            raise ValueError("health_poll_seconds must be >= 0")
         if not 0 < self.tokenizer_drift_threshold < 1:
             raise ValueError("tokenizer_drift_threshold must be between 0 and 1")
         if self.precall_hold_seconds <= 0:

@@ -1,8 +1,11 @@
 """What the reconciler asks when it runs as one of several replicas on one database.
 
-- `owns(box)`: only the holder of a box's lease sends it warm, restart warm-up and probe work and writes
-  its rows (epochs, warm records, phases, its ready moment). Every replica still polls every box, so a
-  restarted engine leaves readiness on all of them at once.
+- `owns(box)`: only the holder of a box's lease sends it warm, restart warm-up and probe work, polls its
+  health and epoch, and writes its rows (epochs, warm records, phases, its ready moment, its health
+  observation). With `health` (several replicas on PostgreSQL), the others read the holder's
+  observations (`read_observations`) and count the box not ready once the newest is older than
+  `stale_after_seconds`; a box without a live holder is polled by every replica until one takes it
+  (`warmer.service.reconciler.health_sharing`). Without it, every replica polls every box.
 - `trusted_after(box, started_at)`: a warm record counts for routing only when verified by the box's
   current holder while holding it (and, for the holder itself, not before its own start).
 - `stored_warmups(epochs)`: for boxes held elsewhere, how far the holder's restart warm-up got.
@@ -14,12 +17,13 @@ On its own SQLite file a daemon holds every box trivially (`SoleOwnership`); a r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from warmer.core.model import BoxSpec
+from warmer.core.observations import DEFAULT_STALE_AFTER_SECONDS, HealthObservation, StoredObservation
 from warmer.core.shared_state import SharedFleetState
-from warmer.ports import CoordinationPort
+from warmer.ports import CoordinationPort, HealthExchangePort
 from warmer.service.replicas.ownership import LeaseHolder
 from warmer.service.replicas.shared_view import StoredWarmup, warmup_from_phases
 
@@ -38,9 +42,20 @@ class FleetEdits:
 class ReplicaGate:
     """This replica's leases and the shared state, as the reconciler consults them."""
 
-    def __init__(self, *, ownership: LeaseHolder, coordination: CoordinationPort) -> None:
+    def __init__(
+        self,
+        *,
+        ownership: LeaseHolder,
+        coordination: CoordinationPort,
+        health: HealthExchangePort | None = None,
+        stale_after_seconds: float = DEFAULT_STALE_AFTER_SECONDS,
+    ) -> None:
+        if stale_after_seconds <= 0:
+            raise ValueError("stale_after_seconds must be > 0")
         self.ownership = ownership
         self._coordination = coordination
+        self._health = health  # None: every replica polls every box itself (one daemon alone)
+        self._stale_after = stale_after_seconds
         self._applied: dict[str, str] = {}  # box id -> event id of the fleet change applied last
 
     @property
@@ -55,6 +70,26 @@ class ReplicaGate:
 
     def trusted_after(self, box_id: str, started_at: float) -> float:
         return self.ownership.trusted_after(box_id, started_at)
+
+    @property
+    def shares_health(self) -> bool:
+        """Whether box health is polled by lease holders only and shared through the store."""
+        return self._health is not None
+
+    @property
+    def stale_after_seconds(self) -> float:
+        """A holder's observation older than this (database clock) leaves the box not ready elsewhere."""
+        return self._stale_after
+
+    async def read_observations(self, box_ids: Collection[str]) -> dict[str, StoredObservation]:
+        return {} if self._health is None else await self._health.read(box_ids)
+
+    async def publish_observations(
+        self, changed: Mapping[str, HealthObservation], *, stamp: bool
+    ) -> frozenset[str]:
+        if self._health is None:
+            return frozenset()
+        return await self._health.publish(self.replica_id, changed, stamp=stamp)
 
     async def shared_state(self) -> SharedFleetState:
         return await self._coordination.shared_state()
