@@ -184,6 +184,26 @@ class FakeEngine:
         )
 
 
+class CountingEngine(FakeEngine):
+    """One replica's view of a shared FakeEngine (same boxes, same caches) counting its own polls."""
+
+    def __init__(self, shared: FakeEngine) -> None:
+        super().__init__(())
+        self.boxes, self.clock = shared.boxes, shared.clock
+        self.polls: Counter[tuple[str, str]] = Counter()  # (box, health|epoch) -> requests
+
+    async def health(self, box: BoxSpec) -> bool:
+        self.polls[(box.id, "health")] += 1
+        return await super().health(box)
+
+    async def epoch(self, box: BoxSpec) -> str:
+        self.polls[(box.id, "epoch")] += 1
+        return await super().epoch(box)
+
+    def polled(self) -> set[str]:
+        return {box_id for box_id, _kind in self.polls}
+
+
 def agent(agent_id: str, text: str | None = None) -> AgentSpec:
     """A one-block agent on model "m"; `text` is its persona block (default: "You are {agent_id}.")."""
     return AgentSpec(

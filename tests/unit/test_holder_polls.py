@@ -22,7 +22,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.unit.reconciler_fakes import PROFILE, FakeClock, FakeEngine, FakePrefixSource, agent, boxes
+from tests.unit.reconciler_fakes import (
+    PROFILE,
+    CountingEngine,
+    FakeClock,
+    FakeEngine,
+    FakePrefixSource,
+    agent,
+    boxes,
+)
 from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.engines.http import count_control_requests
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
@@ -117,26 +125,6 @@ class FakeExchange:
                 held_by_observer=self.leases.owners.get(box_id) == observer,
             )
         return found
-
-
-class CountingEngine(FakeEngine):
-    """One replica's view of a shared FakeEngine (same boxes, same caches) counting its own polls."""
-
-    def __init__(self, shared: FakeEngine) -> None:
-        super().__init__(())
-        self.boxes, self.clock = shared.boxes, shared.clock
-        self.polls: Counter[tuple[str, str]] = Counter()  # (box, health|epoch) -> requests
-
-    async def health(self, box: BoxSpec) -> bool:
-        self.polls[(box.id, "health")] += 1
-        return await super().health(box)
-
-    async def epoch(self, box: BoxSpec) -> str:
-        self.polls[(box.id, "epoch")] += 1
-        return await super().epoch(box)
-
-    def polled(self) -> set[str]:
-        return {box_id for box_id, _kind in self.polls}
 
 
 @dataclass
