@@ -1,8 +1,11 @@
 """Box leases: which replica sends a box its warm, restart warm-up and probe work, and when another may
 take over. Pure rules; the store applies them inside one transaction per heartbeat.
 
-Every replica polls every box and answers the API for all of them, but only the holder of a box's lease
-spends engine work on it, so several replicas warm each (box, epoch, prefix) once, not once each.
+Every replica answers the API for every box, but only the holder of a box's lease spends engine work on
+it, health and epoch polls included (`warmer.core.observations`: the others read what it saw), so several
+replicas warm each (box, epoch, prefix) once and poll each box once per interval, not once each. Polling
+follows the lease at once: a box without a live holder is polled by every replica that sees it so, and the
+replica that takes it polls it in the pass its gain wakes.
 
 - A lease lasts `lease_seconds` from its last renewal; the holder renews every `renew_seconds`, so it
   survives `lease_seconds / renew_seconds - 1` missed heartbeats (default 15 s / 5 s: two).

@@ -131,7 +131,7 @@ class ReconcileMetrics:
         self.box_health_failure = Gauge(
             "warmer_box_health_failure",
             "1 for how the box's last health poll failed (kind: refused, connect_timeout, unreachable, "
-            "timeout, http_status, unhealthy, epoch); no series while it is healthy.",
+            "timeout, http_status, unhealthy, epoch, stale); no series while it is healthy.",
             ["box", "kind"],
             registry=registry,
         )

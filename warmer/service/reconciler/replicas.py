@@ -2,8 +2,9 @@
 
 - Each pass starts from the shared deploy state: rollout drains and epoch tags, and the webhook fleet
   changes (boxes joining or leaving the running fleet), whichever replica received the event.
-- Only the holder of a box's lease sends it engine work and writes its rows; the loop drops the plan's
-  actions for other boxes, and `restart_detection`, `ready_reports` and `precall` ask `owns`.
+- Only the holder of a box's lease sends it engine work (health and epoch polls included) and writes its
+  rows; the loop drops the plan's actions for other boxes, `restart_detection` reads the holder's health
+  observations for them (`health_sharing`), and `ready_reports` and `precall` ask `owns`.
 - For a box held elsewhere, the restart warm-up status comes from the holder's phases in the store, and a
   warm record counts only when the current holder verified it while holding the box (`trusted_since`).
 - When this replica loses a lease, the box's engine work is cancelled (the next holder abandons what was

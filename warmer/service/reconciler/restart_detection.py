@@ -1,7 +1,11 @@
 """How a restart is detected: each box's health and epoch, polled; a new epoch is a new process.
 
-Every pass (and `recheck`, between passes, when a caller met trouble on a box) asks each box's engine
-whether it is up and what its epoch is. The epoch is the process identity the engine adapter derives
+The health timer (every `health_poll_seconds`), and a pass for a box not polled that long (a lease just
+gained, a box just added), ask the box's engine whether it is up and what its epoch is; so does `recheck`,
+between polls, when a caller met trouble on a box. With several replicas only the box's lease holder polls
+it; the others apply what the holder saw, from the store, and count the box not ready once that is older
+than the bound (`health_sharing`, `warmer.core.observations`): a restart leaves readiness on every replica
+within one poll interval plus one store read interval. The epoch is the process identity the engine adapter derives
 (`EnginePort.epoch`: llama.cpp's per-process media marker or a fingerprint with its decode counter,
 `RestartWatch` in `warmer.adapters.engines.base` for engines that expose less), with a rollout tag
 appended after an undrain (`fleet_edits`), so a box back from a rollout is a new epoch even when the
@@ -24,6 +28,9 @@ A box that refuses the connection, answers an error or shows a new epoch leaves 
 connection but answers too late (`EngineSlow`: busy prefilling, on a saturated host) keeps its routes for
 `slow_polls_allowed` polls in a row: taking a busy box out shifts its calls onto the others, and they all
 rush back onto it a poll later. A hung box still leaves within that many polls more.
+
+Size: the poll, the view it changes and the store writes behind it are one ordering (view first, writes
+queued); split, each half would need the other's internals.
 """
 
 from __future__ import annotations

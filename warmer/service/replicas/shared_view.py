@@ -1,8 +1,9 @@
 """A box this replica does not hold, as the store shows it: what its holder's restart warm-up reached.
 
-Every replica polls every box's health and epoch itself (a restart leaves its readiness at once, whatever
-the holder is doing), but only the holder runs the restart warm-up and the warms. The others learn how far
-it got from the phases it wrote for that epoch, and take the warm records from the store's rows, trusting
+Only the holder polls the box's health and epoch and runs its restart warm-up and warms; the others take
+its health from the holder's stored observations (`warmer.service.reconciler.health_sharing`: not ready
+once they are older than the bound, polled here while no live holder is known) and learn how far the
+warm-up got from the phases it wrote for that epoch, and take the warm records from the store's rows, trusting
 only what the current holder verified while holding the box (`BoxOwnership.trusted_after`).
 """
 
