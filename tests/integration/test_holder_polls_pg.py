@@ -45,6 +45,9 @@ from warmer.service.replicas.replica_gate import ReplicaGate
 pytestmark = pytest.mark.integration
 
 CONFIG = LeaseConfig(lease_seconds=15.0, renew_seconds=5.0)
+# Heartbeats run between passes here, not in a task of their own: leases that a slow pass on a loaded
+# machine never lets expire (a lapse would move boxes mid-count).
+LONG = LeaseConfig(lease_seconds=600.0, renew_seconds=5.0)
 POLL_SECONDS = 5.0
 BOX_IDS = tuple(f"b{n}" for n in range(1, 7))
 UP = HealthObservation(healthy=True, epoch="e1")
@@ -118,7 +121,7 @@ def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replic
     ownership = BoxOwnership(
         coordination=coordination,
         clock=clock,
-        config=CONFIG,
+        config=LONG,
         fleet=lambda: BOX_IDS,
         replica_id=name,
         on_change=lambda gained, lost: holder[0].replicas.leases_changed(gained, lost) if holder else None,

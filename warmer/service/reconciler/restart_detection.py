@@ -5,11 +5,12 @@ gained, a box just added), ask the box's engine whether it is up and what its ep
 between polls, when a caller met trouble on a box. With several replicas only the box's lease holder polls
 it; the others apply what the holder saw, from the store, and count the box not ready once that is older
 than the bound (`health_sharing`, `warmer.core.observations`): a restart leaves readiness on every replica
-within one poll interval plus one store read interval. The epoch is the process identity the engine adapter derives
-(`EnginePort.epoch`: llama.cpp's per-process media marker or a fingerprint with its decode counter,
-`RestartWatch` in `warmer.adapters.engines.base` for engines that expose less), with a rollout tag
-appended after an undrain (`fleet_edits`), so a box back from a rollout is a new epoch even when the
-engine's own identity did not change.
+within one poll interval plus one store read interval.
+
+The epoch is the process identity the engine adapter derives (`EnginePort.epoch`: llama.cpp's per-process
+media marker or a fingerprint with its decode counter, `RestartWatch` in `warmer.adapters.engines.base` for
+engines that expose less), with a rollout tag appended after an undrain (`fleet_edits`), so a box back from
+a rollout is a new epoch even when the engine's own identity did not change.
 
 A changed epoch means the process restarted and holds nothing of the old one's cache: the box's records
 and pins leave the view at once (so it leaves every route), the new epoch is written to the store (which
