@@ -109,6 +109,11 @@ class StorePort(Protocol):
         """Remember the box's current epoch; True when it differs from the last one recorded."""
         ...
 
+    async def record_epochs(self, seen: Sequence[tuple[str, str, float]]) -> frozenset[str]:
+        """`record_epoch` for many (box id, epoch, when) in one transaction; returns the boxes skipped
+        because another replica holds their lease."""
+        ...
+
     async def current_epoch(self, box_id: str) -> str | None: ...
 
     async def record_prefix(

@@ -9,8 +9,8 @@ database at once. This is the rule that paces them:
   boxes' declared prefill rates, `fleet_rate`), plus a cap on pieces of work in flight fleet-wide, plus the
   per-box concurrency of the box's warm budget;
 * most valuable first: a piece of work is worth the prefill its agents' prefixes save a minute
-  (`placement.loans.prefix_value`: calls a minute x prefix tokens, the figure loans rank by); a restart warm-up is worth
-  what its box held. Ties go in arrival order;
+  (`placement.loans.prefix_value`: calls a minute x prefix tokens, the figure loans rank by); a restart
+  warm-up is worth what its box held. Ties go in arrival order;
 * never starve: work that waited longer than `max_wait_seconds` goes before any fresher work, oldest first.
   Nothing is dropped; low-value work waits;
 * urgent work (a pre-call warm: a call is about to use it) is admitted at once and still pays the bucket,
@@ -33,6 +33,9 @@ from dataclasses import dataclass, field, replace
 from warmer.core.model import ModelProfile
 from warmer.core.placement.loans import prefix_value
 from warmer.core.warm_budget import TokenBucket
+
+_SHORT_PROMPT_TOKENS = 64
+_ROUNDING = 1e-6  # tokens: a bucket this close to a cost affords it
 
 
 class WorkKind(enum.StrEnum):
@@ -74,8 +77,9 @@ def fleet_rate(budget: FleetBudget, declared: Iterable[float | None], per_box_fa
 
 
 def restart_warmup_cost(profile: ModelProfile, long_prefill_tokens: int, slots: int) -> float:
-    """Prompt tokens one restart warm-up sends, roughly: the long prefill, plus a short prompt per sampled,
-    constrained and burst request (about 32 tokens each). A hosted model runs none of it."""
+    """Prompt tokens one restart warm-up sends, from above: the long prefill, plus a short prompt per
+    sampled, constrained and burst request (64 tokens each; the recipe's are shorter). A hosted model runs
+    none of it."""
     if profile.provider is not None:
         return 0.0
     recipe = profile.restart
@@ -83,7 +87,7 @@ def restart_warmup_cost(profile: ModelProfile, long_prefill_tokens: int, slots: 
     levels = {max(1, min(level, slots)) for level in recipe.burst_levels}
     if recipe.burst_levels:
         levels.add(slots)
-    return float(max(0, long_prefill_tokens) + 32 * (short + sum(levels)))
+    return float(max(0, long_prefill_tokens) + _SHORT_PROMPT_TOKENS * (short + sum(levels)))
 
 
 def warm_value(agent_ids: Iterable[str], prefix_tokens: int, volume: Mapping[str, float]) -> float:
@@ -209,7 +213,7 @@ class FleetAdmission:
         self._refill(now)
         assert self.bucket is not None
         need = min(head.cost_tokens, self.burst) - self.bucket.tokens
-        return now if need <= 0 else now + need / self.rate
+        return now + max(need, _ROUNDING) / self.rate
 
     # ------------------------------------------------------------------------------------------ rules
 
@@ -283,7 +287,8 @@ class FleetAdmission:
             return _Fit.BOX_FULL
         assert self.bucket is not None
         tokens = self.bucket.tokens
-        if ticket.cost_tokens <= tokens or tokens >= self.burst:  # `warm_budget.try_spend`'s rule
+        # `warm_budget.try_spend`'s rule, within rounding (refill over unix-time floats is not exact)
+        if ticket.cost_tokens <= tokens + _ROUNDING or tokens >= self.burst - _ROUNDING:
             return _Fit.GO
         self._blocked = ticket
         return _Fit.STOP

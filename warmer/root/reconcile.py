@@ -16,8 +16,8 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
-from warmer.core.model import ModelProfile
 from warmer.core.fleet_pacing import FleetBudget
+from warmer.core.model import ModelProfile
 from warmer.core.planner import PlannerConfig
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
 from warmer.core.warm_budget import WarmBudget

@@ -18,6 +18,8 @@ from typing import Protocol
 from warmer.core.fleet_pacing import FleetAdmission, FleetBudget, Ticket, WorkKind, fleet_rate
 from warmer.ports import Clock
 
+_MIN_SLEEP_SECONDS = 0.001  # a refill due "now" within float rounding still waits a little
+
 
 class PacingObserver(Protocol):
     def engine_work_paced(
@@ -110,14 +112,14 @@ class FleetPacer:
     def _arm(self, now: float) -> None:
         """One timer for when refill alone lets the blocked head in (kept if it fires soon enough)."""
         at = self.admission.next_check_at(now)
-        if at is None or at <= now:
+        if at is None:
             return
         if self._timer is not None and not self._timer.done():
             if self._timer_at <= at:
                 return
             self._timer.cancel()
         self._timer_at = at
-        self._timer = asyncio.ensure_future(self._wake(max(0.0, at - now)))
+        self._timer = asyncio.ensure_future(self._wake(max(_MIN_SLEEP_SECONDS, at - now)))
 
     async def _wake(self, seconds: float) -> None:
         await self._clock.sleep(seconds)

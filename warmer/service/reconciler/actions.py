@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -36,7 +36,6 @@ from warmer.core.plan_actions import (
     WarmPrefix,
     WarmReason,
 )
-from warmer.core.fleet_pacing import WorkKind
 from warmer.core.planner import WarmKey
 from warmer.core.warm_budget import TokenBucket, refill
 from warmer.core.warmstate import (
@@ -64,17 +63,9 @@ from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.restart_runs import RestartRuns
 from warmer.service.reconciler.types import ReconcileObserver, ReconcilerConfig
-from warmer.service.reconciler.work_values import WorkValues
+from warmer.service.reconciler.work_values import EngineTicket, WorkValues
 
 Waiter = asyncio.Future[WarmRecord | None]
-
-
-@dataclass(frozen=True, slots=True)
-class _Ticket:
-    kind: WorkKind
-    value: float
-    cost: float
-    urgent: bool
 
 
 class ActionRunner:
@@ -259,22 +250,12 @@ class ActionRunner:
         )
         action = "probe" if probe else "warm"
         context = {"box": box_id, "prefix": prefix_hash, "action": action, "agent": ",".join(agents) or None}
-        ticket = self._ticket(box_id, prefix_hash, probe=probe, agents=agents, urgent=urgent)
-        self._spawn(
-            self._engine_task(key, waiter, work, context, ticket), f"{action}:{box_id}:{prefix_hash}"
-        )
-        return waiter
-
-    def _ticket(
-        self, box_id: str, prefix_hash: str, *, probe: bool, agents: Sequence[str], urgent: bool
-    ) -> _Ticket:
-        """What the fleet pacer is told of this piece: its kind, worth and uncached tokens (the planner's
-        charge: prefix x requests for a warm, the prefix for a probe)."""
         prefix = self._prefix_of(prefix_hash)
-        tokens = prefix.token_count if prefix is not None else 0
         requests = 1 if probe else self._profiles[self._boxes[box_id].model].warm_requests_per_prefix
-        kind = WorkKind.PROBE if probe else WorkKind.WARM
-        return _Ticket(kind, self._values.warm(agents, tokens), float(tokens * requests), urgent)
+        tokens = prefix.token_count if prefix is not None else 0
+        ticket = self._values.ticket(agents, tokens, requests, probe=probe, urgent=urgent)
+        self._spawn(self._engine_task(key, waiter, work, context, ticket), f"{action}:{box_id}:{prefix_hash}")
+        return waiter
 
     async def _engine_task(
         self,
@@ -282,13 +263,17 @@ class ActionRunner:
         waiter: Waiter,
         work: Coroutine[Any, Any, WarmRecord | None],
         context: dict[str, Any],
-        ticket: _Ticket,
+        ticket: EngineTicket,
     ) -> None:
         with structlog.contextvars.bound_contextvars(**context):
             await self._run_engine_work(key, waiter, work, ticket)
 
     async def _run_engine_work(
-        self, key: tuple[str, str], waiter: Waiter, work: Coroutine[Any, Any, WarmRecord | None], ticket: _Ticket
+        self,
+        key: tuple[str, str],
+        waiter: Waiter,
+        work: Coroutine[Any, Any, WarmRecord | None],
+        ticket: EngineTicket,
     ) -> None:
         result: WarmRecord | None = None
         try:

@@ -9,8 +9,19 @@ is done, so a box keeps the value it had when it last held agents (`carried_valu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from warmer.core.fleet_pacing import box_values, carried_values, warm_value
+from warmer.core.fleet_pacing import WorkKind, box_values, carried_values, warm_value
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTicket:
+    """What the fleet pacer is told of a warm or probe: its kind, worth, uncached tokens and urgency."""
+
+    kind: WorkKind
+    value: float
+    cost: float
+    urgent: bool
 
 
 class WorkValues:
@@ -35,7 +46,9 @@ class WorkValues:
 
     def _recompute(self) -> None:
         if self._placement is not None:
-            self._values = carried_values(self._values, box_values(self._placement, self._volume, self._tokens))
+            self._values = carried_values(
+                self._values, box_values(self._placement, self._volume, self._tokens)
+            )
         self._stale = False
 
     def box(self, box_id: str) -> float:
@@ -45,3 +58,11 @@ class WorkValues:
 
     def warm(self, agent_ids: Iterable[str], prefix_tokens: int) -> float:
         return warm_value(agent_ids, prefix_tokens, self._volume)
+
+    def ticket(
+        self, agents: Iterable[str], prefix_tokens: int, requests: int, *, probe: bool, urgent: bool
+    ) -> EngineTicket:
+        """A warm (prefix x requests uncached tokens, the planner's charge) or a probe (the prefix)."""
+        kind = WorkKind.PROBE if probe else WorkKind.WARM
+        cost = float(prefix_tokens * (1 if probe else requests))
+        return EngineTicket(kind, self.warm(agents, prefix_tokens), cost, urgent)
