@@ -89,7 +89,6 @@ def simulate(world: World, rate: float, admission: FleetAdmission, *, valued: bo
     for agent, box in world.box_of.items():
         agents_of.setdefault(box, []).append(agent)
     box_value = {b: sum(world.volume[a] * world.tokens[a] for a in agents) for b, agents in agents_of.items()}
-    remaining: dict[str, float] = {}
     kind_of: dict[str, tuple[WorkKind, str]] = {}
     for box in world.warmup:
         key = f"warmup:{box}"
@@ -178,9 +177,8 @@ def main() -> None:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = RESULTS / f"region-restart-{args.boxes}x{args.agents}-{stamp}.json"
     out.write_text(json.dumps(summary, indent=2) + "\n")
-    print(
-        f"{'arm':<12} {'50% warm (s)':>13} {'90% warm (s)':>13} {'99% warm (s)':>13} {'all (s)':>9} {'peak':>6}"
-    )
+    heads = " ".join(f"{f'{level} warm (s)':>13}" for level in ("50%", "90%", "99%"))
+    print(f"{'arm':<12} {heads} {'all (s)':>9} {'peak':>6}")
     for name, arm in (("unpaced", unpaced), ("paced", paced), ("lower bound", bounds)):
         cells = " ".join(f"{arm[key]:>13.1f}" for key in bounds)
         tail = (

@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, text
+from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 
 from warmer.adapters.store import SqlStore, sqlite_url_for, upgrade_database
@@ -149,14 +150,16 @@ def test_record_epoch_reports_changes_only(store: SqlStore) -> None:
 
 
 def test_record_epochs_writes_a_whole_fleet_in_one_transaction(store: SqlStore, migrated_url: str) -> None:
-    fleet = [BoxSpec(id=f"f{i:03d}", base_url=f"http://127.0.0.1:{10000 + i}", engine=EngineKind.VLLM, model="m")
-             for i in range(300)]  # fmt: skip
+    fleet = [
+        BoxSpec(id=f"f{i:03d}", base_url=f"http://127.0.0.1:{10000 + i}", engine=EngineKind.VLLM, model="m")
+        for i in range(300)
+    ]
     commits: list[object] = []
 
     async def scenario() -> None:
         await store.sync_boxes(fleet)
         await store.record_epoch("f000", "old", at=1.0)
-        event.listen(store._engine, "commit", commits.append)  # noqa: SLF001  (the store's own engine)
+        sa_event.listen(store._engine, "commit", commits.append)  # the store's own engine: its commits
         refused = await store.record_epochs([(b.id, "e1", 2.0) for b in fleet])
         assert refused == frozenset()
         assert len(commits) == 1
