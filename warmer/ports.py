@@ -135,6 +135,13 @@ class StorePort(Protocol):
 
     async def put_phase(self, record: PhaseRecord) -> None: ...
 
+    async def put_phases_and_events(
+        self, phases: Sequence[PhaseRecord], events: Sequence[LoggedEvent]
+    ) -> frozenset[str]:
+        """Phases and events of many boxes in one transaction; returns the boxes whose phases were skipped
+        because another replica holds their lease."""
+        ...
+
     async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]: ...
 
     async def put_campaign(self, campaign: Campaign) -> None: ...

@@ -196,6 +196,37 @@ def test_record_epochs_refuses_an_unknown_box_or_an_empty_epoch_and_writes_nothi
     asyncio.run(scenario())
 
 
+def test_phases_and_events_of_many_boxes_are_written_in_one_transaction(store: SqlStore) -> None:
+    fleet = [
+        BoxSpec(id=f"r{i:03d}", base_url=f"http://127.0.0.1:{11000 + i}", engine=EngineKind.VLLM, model="m")
+        for i in range(120)
+    ]
+    commits: list[object] = []
+
+    async def scenario() -> None:
+        await store.sync_boxes(fleet)
+        await store.record_epochs([(b.id, "e1", 1.0) for b in fleet])
+        sa_event.listen(store._engine, "commit", commits.append)  # the store's own engine: its commits
+        phases = [
+            PhaseRecord(b.id, "e1", PhaseName.PREFIXES, started_at=2.0, finished_at=3.0, ok=True)
+            for b in fleet
+        ]
+        events = [LoggedEvent(at=3.0, kind=EventKind.BOX_READY, box_id=b.id, epoch="e1") for b in fleet]
+        assert await store.put_phases_and_events(phases, events) == frozenset()
+        assert len(commits) == 1
+        assert await store.list_phases("r077", "e1") == [phases[77]]
+        ready = [e for e in await store.events(limit=1000) if e.kind == EventKind.BOX_READY]
+        assert sorted(e.box_id for e in ready) == [b.id for b in fleet]
+        bad = LoggedEvent(at=4.0, kind=EventKind.BOX_READY, box_id="r000", detail={"x": object()})
+        sampled = PhaseRecord("r001", "e1", PhaseName.SAMPLED, started_at=4.0)
+        with pytest.raises(StoreError, match="detail"):  # what JSON cannot hold: nothing of the batch lands
+            await store.put_phases_and_events([sampled], [bad])
+        assert [p.phase for p in await store.list_phases("r001", "e1")] == [PhaseName.PREFIXES]
+        assert await store.put_phases_and_events([], []) == frozenset()
+
+    asyncio.run(scenario())
+
+
 def test_record_epoch_rejects_unknown_box_and_empty_epoch(store: SqlStore) -> None:
     async def scenario() -> None:
         await store.sync_boxes([BOX_A])

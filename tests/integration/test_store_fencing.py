@@ -85,6 +85,10 @@ def test_a_replica_past_its_lease_cannot_write_over_its_successor(database_url: 
             with pytest.raises(LeaseLost):
                 await stale_store.drop_other_epochs(BOX.id, "e2")
             assert await stale_store.record_epochs([(BOX.id, "e2", later)]) == {BOX.id}  # skipped
+            late_phase = PhaseRecord(
+                BOX.id, "e1", PhaseName.SAMPLED, started_at=now, finished_at=later, ok=True
+            )
+            assert await stale_store.put_phases_and_events([late_phase], []) == {BOX.id}  # skipped
             assert rows == (
                 await successor_store.list_warm(box_id=BOX.id),
                 await successor_store.list_phases(BOX.id, "e1"),

@@ -435,24 +435,41 @@ class SqlStore:
 
         def work(session: Session) -> None:
             self._check_fence(session, record.box_id)
-            self._upsert(
-                session,
-                RestartPhaseRow,
-                {
-                    "box_id": record.box_id,
-                    "epoch": record.epoch,
-                    "phase": str(record.phase),
-                    "started_at": record.started_at,
-                    "finished_at": record.finished_at,
-                    "engine_seconds": record.engine_seconds,
-                    "requests": record.requests,
-                    "ok": record.ok,
-                    "error": record.error,
-                },
-                keys=["box_id", "epoch", "phase"],
-            )
+            self._upsert(session, RestartPhaseRow, _phase_row(record), keys=["box_id", "epoch", "phase"])
 
         await self._run(work, write=True)
+
+    async def put_phases_and_events(
+        self, phases: Sequence[PhaseRecord], events: Sequence[LoggedEvent]
+    ) -> frozenset[str]:
+        """`put_phase` and `append_event` for many boxes in one transaction (a pass that saw many boxes
+        become ready writes once). A phase of a box whose lease this replica no longer holds is skipped
+        (returned: the holder writes it); events are written as `append_event` writes them."""
+        details = [_json_detail(event.detail) for event in events]
+
+        def work(session: Session) -> frozenset[str]:
+            refused = self._fenced_out(session, {record.box_id for record in phases})
+            for record in phases:
+                if record.box_id not in refused:
+                    row = _phase_row(record)
+                    self._upsert(session, RestartPhaseRow, row, keys=["box_id", "epoch", "phase"])
+            session.add_all(
+                EventRow(
+                    at=event.at,
+                    kind=event.kind,
+                    box_id=event.box_id,
+                    agent_id=event.agent_id,
+                    epoch=event.epoch,
+                    prefix_hash=event.prefix_hash,
+                    detail=detail,
+                )
+                for event, detail in zip(events, details, strict=True)
+            )
+            return refused
+
+        if not phases and not events:
+            return frozenset()
+        return await self._run(work, write=True)
 
     async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]:
         def work(session: Session) -> list[PhaseRecord]:
@@ -693,6 +710,20 @@ def _warm_from_row(row: WarmRecordRow) -> WarmRecord:
         warmed_at=row.warmed_at,
         verified_at=row.verified_at,
     )
+
+
+def _phase_row(record: PhaseRecord) -> dict[str, Any]:
+    return {
+        "box_id": record.box_id,
+        "epoch": record.epoch,
+        "phase": str(record.phase),
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
+        "engine_seconds": record.engine_seconds,
+        "requests": record.requests,
+        "ok": record.ok,
+        "error": record.error,
+    }
 
 
 def _phase_from_row(row: RestartPhaseRow) -> PhaseRecord:
