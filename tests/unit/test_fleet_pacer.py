@@ -12,6 +12,7 @@ import pytest
 from tests.unit.reconciler_fakes import FakeClock
 from warmer.core.fleet_pacing import FleetBudget, WorkKind
 from warmer.service.engine_work.fleet_pacer import FleetPacer
+from warmer.service.reconciler.work_values import WorkValues
 
 BOXES = 200
 IN_FLIGHT = 8
@@ -87,3 +88,54 @@ def test_two_hundred_boxes_restarted_at_once_are_paced_most_valuable_first() -> 
     assert max(ready[:20]) < min(ready[100:])
     inversions = sum(1 for a, b in itertools.pairwise(ready) if a > b)
     assert inversions < BOXES // 10
+
+
+def test_a_restarted_box_keeps_the_value_it_held_while_placement_gives_its_agents_elsewhere() -> None:
+    values = WorkValues()
+    tokens = {"busy": 1_000, "quiet": 1_000}
+    values.note({"busy": ("b1",), "quiet": ("b2",)}, {"busy": 30.0, "quiet": 1.0}, tokens)
+    assert (values.box("b1"), values.box("b2")) == (30_000.0, 1_000.0)
+    values.note({"busy": ("b2",), "quiet": ("b2",)}, {"busy": 30.0, "quiet": 1.0}, tokens)  # b1 restarted
+    assert (values.box("b1"), values.box("b2")) == (30_000.0, 31_000.0)
+    values.note({"busy": ("b2",), "quiet": ("b2",)}, {"busy": 60.0, "quiet": 1.0}, tokens)  # volume moved
+    assert values.box("b2") == 61_000.0
+    ticket = values.ticket(["busy", "quiet"], 1_000, 2, probe=False, urgent=False)
+    assert (ticket.kind, ticket.value, ticket.cost) == (WorkKind.WARM, 61_000.0, 2_000.0)
+    probe = values.ticket(["busy"], 1_000, 2, probe=True, urgent=True)
+    assert (probe.kind, probe.cost, probe.urgent) == (WorkKind.PROBE, 1_000.0, True)
+
+
+def test_a_cancelled_wait_leaves_the_queue_and_urgent_work_passes_a_full_fleet() -> None:
+    async def scenario() -> None:
+        pacer = FleetPacer(
+            clock=FakeClock(),
+            budget=FleetBudget(tokens_per_second=RATE, max_in_flight=1),
+            box_limit=lambda _box: 2,
+            per_box_fallback=RATE,
+            declared=list,
+        )
+        release = asyncio.Event()
+        order: list[str] = []
+
+        async def piece(name: str, *, urgent: bool = False) -> None:
+            async with pacer.admitted(WorkKind.WARM, name, value=1.0, cost_tokens=10.0, urgent=urgent):
+                order.append(name)
+                await release.wait()
+
+        holder = asyncio.ensure_future(piece("holder"))
+        await asyncio.sleep(0)
+        waiting = asyncio.ensure_future(piece("waiting"))
+        await asyncio.sleep(0)
+        assert pacer.queued()["warm"] == 1
+        waiting.cancel()  # its box left the fleet: it leaves the queue
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert pacer.queued()["warm"] == 0
+        precall = asyncio.ensure_future(piece("precall", urgent=True))
+        await asyncio.sleep(0)
+        assert order == ["holder", "precall"]  # past the full fleet at once
+        release.set()
+        await asyncio.gather(holder, precall)
+        assert pacer.admission.running == {}
+        await pacer.close()
+
+    asyncio.run(scenario())
