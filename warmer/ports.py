@@ -110,6 +110,11 @@ class StorePort(Protocol):
         """Remember the box's current epoch; True when it differs from the last one recorded."""
         ...
 
+    async def record_epochs(self, seen: Sequence[tuple[str, str, float]]) -> frozenset[str]:
+        """`record_epoch` for many (box id, epoch, when) in one transaction; returns the boxes skipped
+        because another replica holds their lease."""
+        ...
+
     async def current_epoch(self, box_id: str) -> str | None: ...
 
     async def record_prefix(
@@ -130,6 +135,13 @@ class StorePort(Protocol):
         ...
 
     async def put_phase(self, record: PhaseRecord) -> None: ...
+
+    async def put_phases_and_events(
+        self, phases: Sequence[PhaseRecord], events: Sequence[LoggedEvent]
+    ) -> frozenset[str]:
+        """Phases and events of many boxes in one transaction; returns the boxes whose phases were skipped
+        because another replica holds their lease."""
+        ...
 
     async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]: ...
 

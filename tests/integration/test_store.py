@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy import event as sa_event
 from sqlalchemy.engine import make_url
 
 from warmer.adapters.store import SqlStore, sqlite_url_for, upgrade_database
@@ -144,6 +145,84 @@ def test_record_epoch_reports_changes_only(store: SqlStore) -> None:
             ("e2", "e1", 3.0),
             ("e1", None, 1.0),
         ]
+
+    asyncio.run(scenario())
+
+
+def test_record_epochs_writes_a_whole_fleet_in_one_transaction(store: SqlStore, migrated_url: str) -> None:
+    fleet = [
+        BoxSpec(id=f"f{i:03d}", base_url=f"http://127.0.0.1:{10000 + i}", engine=EngineKind.VLLM, model="m")
+        for i in range(300)
+    ]
+    commits: list[object] = []
+
+    async def scenario() -> None:
+        await store.sync_boxes(fleet)
+        await store.record_epoch("f000", "old", at=1.0)
+        sa_event.listen(store._engine, "commit", commits.append)  # the store's own engine: its commits
+        refused = await store.record_epochs([(b.id, "e1", 2.0) for b in fleet])
+        assert refused == frozenset()
+        assert len(commits) == 1
+        assert await store.current_epoch("f000") == "e1"
+        assert await store.current_epoch("f299") == "e1"
+        changes = [e for e in await store.events(limit=1000) if e.kind == EventKind.EPOCH_CHANGED]
+        assert len(changes) == 301  # "old" once, then every box's first sighting of e1
+        assert {e.detail["previous"] for e in changes if e.box_id == "f000" and e.epoch == "e1"} == {"old"}
+        # Seen again: last_seen_at moves, first_seen_at stays, no change is logged.
+        await store.record_epochs([(b.id, "e1", 9.0) for b in fleet])
+        again = [e for e in await store.events(limit=1000) if e.kind == EventKind.EPOCH_CHANGED]
+        assert len(again) == 301
+
+    asyncio.run(scenario())
+    engine = create_engine(migrated_url)
+    with engine.connect() as connection:
+        seen = connection.execute(
+            text("SELECT first_seen_at, last_seen_at FROM box_epochs WHERE epoch = 'e1' AND box_id = 'f123'")
+        ).one()
+    engine.dispose()
+    assert tuple(seen) == (2.0, 9.0)
+
+
+def test_record_epochs_refuses_an_unknown_box_or_an_empty_epoch_and_writes_nothing(store: SqlStore) -> None:
+    async def scenario() -> None:
+        await store.sync_boxes([BOX_A])
+        with pytest.raises(StoreError, match=r"box_id: unknown boxes \['ghost'\]"):
+            await store.record_epochs([("a", "e1", 1.0), ("ghost", "e1", 1.0)])
+        with pytest.raises(StoreError, match="epoch"):
+            await store.record_epochs([("a", "", 1.0)])
+        assert await store.current_epoch("a") is None
+        assert await store.record_epochs([]) == frozenset()
+
+    asyncio.run(scenario())
+
+
+def test_phases_and_events_of_many_boxes_are_written_in_one_transaction(store: SqlStore) -> None:
+    fleet = [
+        BoxSpec(id=f"r{i:03d}", base_url=f"http://127.0.0.1:{11000 + i}", engine=EngineKind.VLLM, model="m")
+        for i in range(120)
+    ]
+    commits: list[object] = []
+
+    async def scenario() -> None:
+        await store.sync_boxes(fleet)
+        await store.record_epochs([(b.id, "e1", 1.0) for b in fleet])
+        sa_event.listen(store._engine, "commit", commits.append)  # the store's own engine: its commits
+        phases = [
+            PhaseRecord(b.id, "e1", PhaseName.PREFIXES, started_at=2.0, finished_at=3.0, ok=True)
+            for b in fleet
+        ]
+        events = [LoggedEvent(at=3.0, kind=EventKind.BOX_READY, box_id=b.id, epoch="e1") for b in fleet]
+        assert await store.put_phases_and_events(phases, events) == frozenset()
+        assert len(commits) == 1
+        assert await store.list_phases("r077", "e1") == [phases[77]]
+        ready = [e for e in await store.events(limit=1000) if e.kind == EventKind.BOX_READY]
+        assert sorted(e.box_id for e in ready) == [b.id for b in fleet]
+        bad = LoggedEvent(at=4.0, kind=EventKind.BOX_READY, box_id="r000", detail={"x": object()})
+        sampled = PhaseRecord("r001", "e1", PhaseName.SAMPLED, started_at=4.0)
+        with pytest.raises(StoreError, match="detail"):  # what JSON cannot hold: nothing of the batch lands
+            await store.put_phases_and_events([sampled], [bad])
+        assert [p.phase for p in await store.list_phases("r001", "e1")] == [PhaseName.PREFIXES]
+        assert await store.put_phases_and_events([], []) == frozenset()
 
     asyncio.run(scenario())
 

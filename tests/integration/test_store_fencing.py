@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 SHORT = LeaseConfig(lease_seconds=1.0, renew_seconds=0.5)  # expiry within a test
 BOX = BoxSpec(id="b1", base_url="http://127.0.0.1:9100", engine=EngineKind.VLLM, model="tiny", slots=2)
+OTHER = BoxSpec(id="b2", base_url="http://127.0.0.1:9101", engine=EngineKind.VLLM, model="tiny", slots=2)
 
 
 def record(state: WarmState, at: float, *, verified: int | None = None) -> WarmRecord:
@@ -83,6 +84,11 @@ def test_a_replica_past_its_lease_cannot_write_over_its_successor(database_url: 
                 await stale_store.record_epoch(BOX.id, "e2", later)
             with pytest.raises(LeaseLost):
                 await stale_store.drop_other_epochs(BOX.id, "e2")
+            assert await stale_store.record_epochs([(BOX.id, "e2", later)]) == {BOX.id}  # skipped
+            late_phase = PhaseRecord(
+                BOX.id, "e1", PhaseName.SAMPLED, started_at=now, finished_at=later, ok=True
+            )
+            assert await stale_store.put_phases_and_events([late_phase], []) == {BOX.id}  # skipped
             assert rows == (
                 await successor_store.list_warm(box_id=BOX.id),
                 await successor_store.list_phases(BOX.id, "e1"),
@@ -101,6 +107,12 @@ def test_a_replica_past_its_lease_cannot_write_over_its_successor(database_url: 
             finally:
                 await alone.close()
             assert [r.state for r in await successor_store.list_warm(box_id=BOX.id)] == [WarmState.WARM]
+            # a fleet's sightings in one transaction: the held box written, the others skipped, not failed
+            await successor_store.sync_boxes([BOX, OTHER])
+            assert await successor_store.record_epochs([(BOX.id, "e1", later), (OTHER.id, "o1", later)]) == {
+                OTHER.id
+            }
+            assert await successor_store.current_epoch(OTHER.id) is None
         finally:
             await stale_store.close()
             await successor_store.close()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from warmer.adapters.store import SqlStore
 from warmer.core.agents import AgentSpec, DynamicTail, Placeholder, StaticBlock
 from warmer.core.errors import EngineError, LeaseLost, NotSupported
+from warmer.core.fleet_pacing import FleetBudget
 from warmer.core.gate import GateConfig
 from warmer.core.model import (
     BoxCapacity,
@@ -275,6 +276,10 @@ class FencedOutStore(SqlStore):
             raise LeaseLost(f"box {box_id!r}: replica 'r1' no longer holds its lease; not written")
         return await super().record_epoch(box_id, epoch, at)
 
+    async def record_epochs(self, seen: Sequence[tuple[str, str, float]]) -> frozenset[str]:
+        refused = frozenset(box_id for box_id, _, _ in seen if box_id in self.fenced_epochs)
+        return refused | await super().record_epochs([s for s in seen if s[0] not in refused])
+
 
 def world(
     store_url: str,
@@ -294,6 +299,7 @@ def world(
     slow_polls_allowed: int = 1,
     lend_seconds: float = 60.0,
     gate: GateConfig | None = None,
+    fleet_budget: FleetBudget | None = None,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
@@ -319,6 +325,7 @@ def world(
             health_slow_polls_allowed=slow_polls_allowed,
             precall_lend_seconds=lend_seconds,
             gate=gate or GateConfig(),
+            fleet_budget=fleet_budget or FleetBudget(),
         ),
         demand=demand,
         observer=observer,

@@ -120,3 +120,38 @@ def test_a_non_positive_precall_hold_is_refused_by_field_path(tmp_path: Path, va
     with pytest.raises(ConfigError) as caught:
         _dialer_settings(tmp_path, f"precall_hold_seconds = {value}")
     assert [path for path, _ in caught.value.problems] == ["dialer.precall_hold_seconds"]
+
+
+def test_the_fleet_warming_budget_reaches_the_reconciler_config(tmp_path: Path) -> None:
+    settings = _settings_from(
+        tmp_path,
+        "fleet_warm_tokens_per_second = 50000\nfleet_warm_max_in_flight = 16\n"
+        "fleet_warm_max_wait_seconds = 30\nfleet_warm_share = 0.5",
+    )
+    budget = reconciler_config(settings).fleet_budget
+    assert (budget.tokens_per_second, budget.max_in_flight, budget.max_wait_seconds, budget.warm_share) == (
+        50_000.0,
+        16,
+        30.0,
+        0.5,
+    )
+
+
+def test_a_zero_fleet_budget_means_derived_from_the_boxes(tmp_path: Path) -> None:
+    budget = reconciler_config(_settings_from(tmp_path, "fleet_warm_tokens_per_second = 0")).fleet_budget
+    assert budget.tokens_per_second is None
+    assert ReconcilerConfig().fleet_budget.max_in_flight == budget.max_in_flight  # the same defaults
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ("fleet_warm_max_in_flight = 0", "reconcile.fleet_warm_max_in_flight"),
+        ("fleet_warm_share = 1.5", "reconcile.fleet_warm_share"),
+        ("fleet_warm_tokens_per_second = -1", "reconcile.fleet_warm_tokens_per_second"),
+        ("fleet_warm_max_wait_seconds = 0", "reconcile.fleet_warm_max_wait_seconds"),
+    ],
+)
+def test_a_bad_fleet_budget_is_refused_by_field_path(tmp_path: Path, line: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        _settings_from(tmp_path, line)

@@ -83,6 +83,43 @@ class ReconcileSettings(Section):
             "prefill throughput so warming never becomes the load."
         ),
     )
+    fleet_warm_tokens_per_second: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Uncached prompt tokens per second all warming together may spend across the fleet (restart "
+            "warm-ups, warms, probes; pre-call warms go at once and pay it too). Work waits its turn, the "
+            "most valuable first (calls/minute x prefix tokens of its agents; a restart warm-up is worth "
+            "what its box holds), so a region restart ends with routes in order of call volume. 0 = derived: "
+            "fleet_warm_share of each box's declared prefill_tokens_per_second summed, a box without one "
+            "counting warm_budget_tokens_per_second."
+        ),
+    )
+    fleet_warm_share: float = Field(
+        default=0.25,
+        gt=0,
+        le=1,
+        description=(
+            "Share (0..1] of each box's declared prefill rate the derived fleet warming budget counts. A "
+            "quarter leaves the rest of the fleet's prefill to the calls a region restart moves onto it."
+        ),
+    )
+    fleet_warm_max_in_flight: int = Field(
+        default=64,
+        ge=1,
+        description=(
+            "Restart warm-ups, warms and probes running at once across the fleet (count), whatever the "
+            "token budget: bounds the daemon's own load and its database writes when many boxes restart."
+        ),
+    )
+    fleet_warm_max_wait_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Seconds a piece of warming may wait for the fleet budget before it goes ahead of more valuable "
+            "work, oldest first: low-value work waits, it is never starved."
+        ),
+    )
     ramp_seconds: float = Field(
         default=60.0,
         ge=0,

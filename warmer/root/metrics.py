@@ -106,6 +106,30 @@ class ReconcileMetrics:
             registry=registry,
         )
         self.boxes_ready = Gauge("warmer_boxes_ready", "Boxes ready for traffic now.", registry=registry)
+        self.engine_work_queued = Gauge(
+            "warmer_engine_work_queued",
+            "Engine work waiting for the fleet warming budget, by kind (restart_warmup, warm, probe): after "
+            "a region restart, how far behind warming is.",
+            ["kind"],
+            registry=registry,
+        )
+        self.engine_work_running = Gauge(
+            "warmer_engine_work_running",
+            "Engine work the fleet pacer has admitted and not yet seen finish (restart warm-ups, warms, "
+            "probes), at most reconcile.fleet_warm_max_in_flight beside pre-call warms.",
+            registry=registry,
+        )
+        self.fleet_budget_rate = Gauge(
+            "warmer_fleet_warm_budget_tokens_per_second",
+            "The fleet warming budget in force: uncached prompt tokens per second all engine work may spend.",
+            registry=registry,
+        )
+        self.fleet_budget_available = Gauge(
+            "warmer_fleet_warm_budget_tokens_available",
+            "Uncached tokens left in the fleet warming budget's bucket now (negative: debt pre-call warms or "
+            "an oversized piece left; waiting work goes once refill pays it).",
+            registry=registry,
+        )
         self.box_ready_state = Gauge(
             "warmer_box_ready",
             "1 while the box is ready for traffic (restart warm-up done, its agents' prefixes warm in its "
@@ -244,6 +268,15 @@ class ReconcileMetrics:
     def tokenizer_drift(self, agent_id: str, model: str, change: float) -> None:
         self.tokenizer_drift_ratio.labels(agent=agent_id, model=model).set(change)
         self.tokenizer_drifts.labels(model=model).inc()
+
+    def engine_work_paced(
+        self, queued: Mapping[str, int], running: int, tokens_per_second: float, tokens_available: float
+    ) -> None:
+        for kind, count in queued.items():
+            self.engine_work_queued.labels(kind=kind).set(count)
+        self.engine_work_running.set(running)
+        self.fleet_budget_rate.set(tokens_per_second)
+        self.fleet_budget_available.set(tokens_available)
 
 
 class DiscoveryMetrics:

@@ -16,6 +16,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from warmer.config.settings import Settings
 from warmer.config.tokenizer import offline_engine_version, offline_renderer, offline_tokenizer
 from warmer.core.agents import AgentSpec
+from warmer.core.fleet_pacing import FleetBudget
 from warmer.core.model import ModelProfile
 from warmer.core.planner import PlannerConfig
 from warmer.core.prefix import RenderFn, TokenizeFn, compute_stable_prefix
@@ -53,6 +54,12 @@ def reconciler_config(settings: Settings) -> ReconcilerConfig:
         capacity_poll_seconds=settings.capacity.prefix_poll_seconds,
         prefix_budget=settings.capacity.prefix_budget(),
         gate=settings.gate.config(),
+        fleet_budget=FleetBudget(
+            tokens_per_second=float(loop.fleet_warm_tokens_per_second) or None,
+            warm_share=loop.fleet_warm_share,
+            max_in_flight=loop.fleet_warm_max_in_flight,
+            max_wait_seconds=loop.fleet_warm_max_wait_seconds,
+        ),
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -114,6 +114,19 @@ class SqlStore:
         if session.execute(held).first() is None:
             raise LeaseLost(f"box {box_id!r}: replica {self._fence!r} no longer holds its lease; not written")
 
+    def _fenced_out(self, session: Session, box_ids: Collection[str]) -> frozenset[str]:
+        """`_check_fence` for many boxes in one query: those this replica may not write now."""
+        if self._fence is None:
+            return frozenset()
+        held = select(BoxLeaseRow.box_id).where(
+            BoxLeaseRow.box_id.in_(sorted(box_ids)),
+            BoxLeaseRow.owner == self._fence,
+            BoxLeaseRow.expires_at > self.db_now(session),
+        )
+        if self._dialect == "postgresql":
+            held = held.with_for_update(read=True)  # FOR SHARE: a takeover waits for this commit
+        return frozenset(box_ids) - set(session.scalars(held))
+
     async def close(self) -> None:
         await asyncio.to_thread(self._engine.dispose)
 
@@ -197,6 +210,62 @@ class SqlStore:
                 )
             )
             return True
+
+        return await self._run(work, write=True)
+
+    async def record_epochs(self, seen: Sequence[tuple[str, str, float]]) -> frozenset[str]:
+        """`record_epoch` for many boxes (box id, epoch, when seen) in one transaction: a pass that polled
+        the whole fleet writes once, not once per box. A box whose lease this replica no longer holds is
+        skipped, not written (returned: the holder writes it); an unknown box or an empty epoch writes
+        nothing."""
+        for box_id, epoch, _ in seen:
+            if not epoch:
+                raise StoreError(f"epoch: must not be empty (box {box_id!r})")
+        latest = {box_id: (epoch, at) for box_id, epoch, at in seen}  # one row per box: the last seen
+        if not latest:
+            return frozenset()
+
+        def work(session: Session) -> frozenset[str]:
+            refused = self._fenced_out(session, latest)
+            ids = sorted(set(latest) - refused)
+            boxes = {
+                row.id: row
+                for row in session.scalars(select(BoxRow).where(BoxRow.id.in_(ids)).with_for_update())
+            }
+            unknown = sorted(set(ids) - set(boxes))
+            if unknown:
+                raise StoreError(f"box_id: unknown boxes {unknown}; sync_boxes before recording their epochs")
+            if ids:
+                self._upsert_many(
+                    session,
+                    BoxEpochRow,
+                    [
+                        {
+                            "box_id": b,
+                            "epoch": latest[b][0],
+                            "first_seen_at": latest[b][1],
+                            "last_seen_at": latest[b][1],
+                        }
+                        for b in ids
+                    ],
+                    keys=["box_id", "epoch"],
+                    update=["last_seen_at"],
+                )
+            for box_id in ids:
+                epoch, at = latest[box_id]
+                box = boxes[box_id]
+                if box.current_epoch != epoch:
+                    session.add(
+                        EventRow(
+                            at=at,
+                            kind=EventKind.EPOCH_CHANGED,
+                            box_id=box_id,
+                            epoch=epoch,
+                            detail={"previous": box.current_epoch},
+                        )
+                    )
+                    box.current_epoch = epoch
+            return refused
 
         return await self._run(work, write=True)
 
@@ -366,24 +435,41 @@ class SqlStore:
 
         def work(session: Session) -> None:
             self._check_fence(session, record.box_id)
-            self._upsert(
-                session,
-                RestartPhaseRow,
-                {
-                    "box_id": record.box_id,
-                    "epoch": record.epoch,
-                    "phase": str(record.phase),
-                    "started_at": record.started_at,
-                    "finished_at": record.finished_at,
-                    "engine_seconds": record.engine_seconds,
-                    "requests": record.requests,
-                    "ok": record.ok,
-                    "error": record.error,
-                },
-                keys=["box_id", "epoch", "phase"],
-            )
+            self._upsert(session, RestartPhaseRow, _phase_row(record), keys=["box_id", "epoch", "phase"])
 
         await self._run(work, write=True)
+
+    async def put_phases_and_events(
+        self, phases: Sequence[PhaseRecord], events: Sequence[LoggedEvent]
+    ) -> frozenset[str]:
+        """`put_phase` and `append_event` for many boxes in one transaction (a pass that saw many boxes
+        become ready writes once). A phase of a box whose lease this replica no longer holds is skipped
+        (returned: the holder writes it); events are written as `append_event` writes them."""
+        details = [_json_detail(event.detail) for event in events]
+
+        def work(session: Session) -> frozenset[str]:
+            refused = self._fenced_out(session, {record.box_id for record in phases})
+            for record in phases:
+                if record.box_id not in refused:
+                    row = _phase_row(record)
+                    self._upsert(session, RestartPhaseRow, row, keys=["box_id", "epoch", "phase"])
+            session.add_all(
+                EventRow(
+                    at=event.at,
+                    kind=event.kind,
+                    box_id=event.box_id,
+                    agent_id=event.agent_id,
+                    epoch=event.epoch,
+                    prefix_hash=event.prefix_hash,
+                    detail=detail,
+                )
+                for event, detail in zip(events, details, strict=True)
+            )
+            return refused
+
+        if not phases and not events:
+            return frozenset()
+        return await self._run(work, write=True)
 
     async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]:
         def work(session: Session) -> list[PhaseRecord]:
@@ -568,6 +654,31 @@ class SqlStore:
                 )
             )
 
+    def _upsert_many(
+        self,
+        session: Session,
+        entity: type[Base],
+        rows: Sequence[dict[str, Any]],
+        *,
+        keys: list[str],
+        update: list[str],
+    ) -> None:
+        """`_upsert` of many rows in one statement (a multi-row INSERT ... ON CONFLICT DO UPDATE)."""
+        if self._dialect == "sqlite":
+            lite = sqlite.insert(entity).values(list(rows))
+            session.execute(
+                lite.on_conflict_do_update(
+                    index_elements=keys, set_={name: lite.excluded[name] for name in update}
+                )
+            )
+        else:
+            pg = postgresql.insert(entity).values(list(rows))
+            session.execute(
+                pg.on_conflict_do_update(
+                    index_elements=keys, set_={name: pg.excluded[name] for name in update}
+                )
+            )
+
     def _insert_if_absent(
         self, session: Session, entity: type[Base], values: dict[str, Any], *, keys: list[str]
     ) -> bool:
@@ -599,6 +710,20 @@ def _warm_from_row(row: WarmRecordRow) -> WarmRecord:
         warmed_at=row.warmed_at,
         verified_at=row.verified_at,
     )
+
+
+def _phase_row(record: PhaseRecord) -> dict[str, Any]:
+    return {
+        "box_id": record.box_id,
+        "epoch": record.epoch,
+        "phase": str(record.phase),
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
+        "engine_seconds": record.engine_seconds,
+        "requests": record.requests,
+        "ok": record.ok,
+        "error": record.error,
+    }
 
 
 def _phase_from_row(row: RestartPhaseRow) -> PhaseRecord:

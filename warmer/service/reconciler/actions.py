@@ -11,7 +11,7 @@ the restart warm-up runs in `restart_runs`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +34,7 @@ from warmer.core.plan_actions import (
     Retire,
     RunRestartWarmup,
     WarmPrefix,
+    WarmReason,
 )
 from warmer.core.planner import WarmKey
 from warmer.core.warm_budget import TokenBucket, refill
@@ -52,6 +53,7 @@ from warmer.core.warmstate import (
     transition,
 )
 from warmer.ports import Clock, StorePort
+from warmer.service.engine_work.fleet_pacer import FleetPacer
 from warmer.service.engine_work.restart_warmup import RestartWarmup
 from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 from warmer.service.reconciler.catalogue import PrefixCatalogue
@@ -61,6 +63,7 @@ from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.restart_runs import RestartRuns
 from warmer.service.reconciler.types import ReconcileObserver, ReconcilerConfig
+from warmer.service.reconciler.work_values import EngineTicket, WorkValues
 
 Waiter = asyncio.Future[WarmRecord | None]
 
@@ -87,6 +90,8 @@ class ActionRunner:
         catalogue: PrefixCatalogue,
         staging: PromptStaging,
         poke: Callable[[], None],
+        pacer: FleetPacer,
+        values: WorkValues,
         evictions: EvictionReactions | None = None,
         blocked: Callable[[str, str], bool] = lambda _box_id, _prefix_hash: False,
     ) -> None:
@@ -104,6 +109,8 @@ class ActionRunner:
         self._staging = staging
         self._poke = poke
         self._evictions = evictions
+        self._pacer = pacer  # fleet-wide admission of every piece of engine work, most valuable first
+        self._values = values
         self.in_flight: dict[tuple[str, str], Waiter] = {}
         self._finished = asyncio.Event()  # set (and replaced) each time engine work finishes
         self.buckets: dict[str, TokenBucket] = {}
@@ -112,12 +119,13 @@ class ActionRunner:
         self._restarts = RestartRuns(
             store=store, clock=clock, restart=restart, observer=observer, log=log, boxes=boxes,
             profiles=profiles, agents=agents, health=health, catalogue=catalogue, poke=poke,
-            spawn=self._spawn,
+            spawn=self._spawn, pacer=pacer, box_value=values.box,
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ dispatch
 
     async def dispatch(self, actions: Sequence[Action]) -> None:
+        self._pacer.refresh_rate()  # boxes join and leave between passes
         for action in actions:
             if isinstance(action, RunRestartWarmup):
                 self._restarts.start(action)
@@ -147,6 +155,7 @@ class ActionRunner:
                     str(action.reason),
                     probe=probe,
                     agents=action.agent_ids,
+                    urgent=action.reason is WarmReason.PRECALL,
                 )
 
     async def _apply(self, box_id: str, epoch: str, prefix_hash: str, event: WarmEvent, reason: str) -> None:
@@ -206,6 +215,7 @@ class ActionRunner:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self._pacer.close()
         for waiter in self.in_flight.values():
             if not waiter.done():
                 waiter.set_result(None)
@@ -222,9 +232,11 @@ class ActionRunner:
         *,
         probe: bool,
         agents: Sequence[str] = (),
+        urgent: bool = False,
     ) -> Waiter:
         """Send one warm (or probe) of (box, prefix) unless one is in flight; return the future to await.
-        Every line logged while it runs carries the box, the prefix, the action and the prefix's agents."""
+        It waits its turn in the fleet pacer first (`urgent`: a pre-call warm, admitted at once). Every
+        line logged while it runs carries the box, the prefix, the action and the prefix's agents."""
         key = (box_id, prefix_hash)
         waiter = self.in_flight.get(key)
         if waiter is not None:
@@ -238,25 +250,39 @@ class ActionRunner:
         )
         action = "probe" if probe else "warm"
         context = {"box": box_id, "prefix": prefix_hash, "action": action, "agent": ",".join(agents) or None}
-        self._spawn(self._engine_task(key, waiter, work, context), f"{action}:{box_id}:{prefix_hash}")
+        prefix = self._prefix_of(prefix_hash)
+        requests = 1 if probe else self._profiles[self._boxes[box_id].model].warm_requests_per_prefix
+        tokens = prefix.token_count if prefix is not None else 0
+        ticket = self._values.ticket(agents, tokens, requests, probe=probe, urgent=urgent)
+        self._spawn(self._engine_task(key, waiter, work, context, ticket), f"{action}:{box_id}:{prefix_hash}")
         return waiter
 
     async def _engine_task(
         self,
         key: tuple[str, str],
         waiter: Waiter,
-        work: Awaitable[WarmRecord | None],
+        work: Coroutine[Any, Any, WarmRecord | None],
         context: dict[str, Any],
+        ticket: EngineTicket,
     ) -> None:
         with structlog.contextvars.bound_contextvars(**context):
-            await self._run_engine_work(key, waiter, work)
+            await self._run_engine_work(key, waiter, work, ticket)
 
     async def _run_engine_work(
-        self, key: tuple[str, str], waiter: Waiter, work: Awaitable[WarmRecord | None]
+        self,
+        key: tuple[str, str],
+        waiter: Waiter,
+        work: Coroutine[Any, Any, WarmRecord | None],
+        ticket: EngineTicket,
     ) -> None:
         result: WarmRecord | None = None
         try:
-            async with self._slots(key[0]):
+            async with (
+                self._pacer.admitted(
+                    ticket.kind, key[0], value=ticket.value, cost_tokens=ticket.cost, urgent=ticket.urgent
+                ),
+                self._slots(key[0]),
+            ):
                 result = await work
         except LeaseLost as exc:  # another replica holds the box now: its result is not ours to record
             self._log.warning("warm result not written: the box's lease is held elsewhere", error=str(exc))
@@ -265,6 +291,7 @@ class ActionRunner:
                 "warm work failed", box=key[0], prefix=key[1], error=f"{type(exc).__name__}: {exc}"
             )
         finally:
+            work.close()  # never started when its wait was cancelled (no "never awaited" warning)
             if self.in_flight.get(key) is waiter:
                 del self.in_flight[key]
             if not waiter.done():

@@ -35,6 +35,7 @@ from warmer.core.warmstate import is_serving
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import ReconcilerConfig
+from warmer.service.reconciler.work_values import WorkValues
 
 
 def _group_key(config: PlacementConfig, demand: AgentDemand) -> tuple[int, bool]:
@@ -75,6 +76,7 @@ class DesiredState:
         self._placement: Mapping[str, tuple[str, ...]] = {}
         self._state: PlacementState | None = None  # built on the first placement, then edited
         self.volume: Mapping[str, float] = {}  # calls/minute per agent, as the last build saw it
+        self.values = WorkValues()  # what engine work is worth, for the fleet pacer
         # running just-in-time loans laid over each handover (`loans.PrefixLoans.overlay`)
         self.overlay: Callable[
             [Handover, Mapping[str, str], Collection[tuple[str, str]], LentBoxCaps | None], Handover
@@ -96,6 +98,7 @@ class DesiredState:
         )
         self.volume = volume
         target, placed = self._place(refs, volume)
+        self.values.note(target, volume, {agent: ref.tokens for agent, ref in refs.items()})
         warm = {(r.box_id, r.prefix_hash) for r in self._book.trusted().values() if is_serving(r)}
         prefix_of = {agent: ref.hash for agent, ref in refs.items()}
         moving = handover(self.routing, target, prefix_of, warm, existing=self._boxes.keys())

@@ -17,6 +17,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.core.readiness import Route
 from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.engine_work.fleet_pacer import FleetPacer
 from warmer.service.engine_work.restart_warmup import RestartWarmup
 from warmer.service.engine_work.warming import WarmExecutor
 from warmer.service.reconciler.actions import ActionRunner
@@ -153,6 +154,14 @@ def build_parts(
         clock=clock,
         retry=config.planner.retry,
     )
+    pacer = FleetPacer(
+        clock=clock,
+        budget=config.fleet_budget,
+        box_limit=lambda box_id: config.planner.budget_for(box_id).max_concurrent,
+        per_box_fallback=config.planner.budget.tokens_per_second,
+        declared=lambda: [_declared_rate(profiles, box) for box in boxes.values()],
+        observer=observer,
+    )
     runner = ActionRunner(
         store=store,
         clock=clock,
@@ -171,6 +180,8 @@ def build_parts(
         poke=hooks.poke,
         evictions=evictions,
         blocked=loans.blocks,
+        pacer=pacer,
+        values=desired.values,
     )
     promotion = PromptPromotion(
         store=store,
@@ -251,3 +262,9 @@ def build_parts(
         evictions=evictions,
         loans=loans,
     )
+
+
+def _declared_rate(profiles: Mapping[str, ModelProfile], box: BoxSpec) -> float | None:
+    """The box's prefill rate as its model profile declares it (None: not declared)."""
+    profile = profiles.get(box.model)
+    return None if profile is None else profile.prefill_tokens_per_second

@@ -196,7 +196,7 @@ class PrecallWarming:
             self._runner.charge(box_id, computed.prefix.token_count, now)
             reason = "precall, room lent" if box_id in lent else "precall"
             waiter = self._runner.start_engine_work(
-                box_id, live.epoch, prefix_hash, reason, probe=False, agents=(agent_id,)
+                box_id, live.epoch, prefix_hash, reason, probe=False, agents=(agent_id,), urgent=True
             )
             answer = EnsureResult(
                 agent_id, box_id, WarmState.WARMING, False, prefix_hash, "warming", slot=self._book.slot(key)
@@ -229,6 +229,7 @@ class PrecallWarming:
             "probe: slot shared with a running call",
             probe=True,
             agents=(agent_id,),
+            urgent=True,
         )
         slot = self._book.slot((box_id, epoch, prefix_hash))
         detail = "verifying: its slot served another call"
@@ -335,7 +336,13 @@ class PrecallWarming:
             if record is not None and is_serving(record):
                 waiters.append(
                     self._runner.start_engine_work(
-                        box_id, epoch, prefix_hash, "touch before a lent warm", probe=True, agents=(agent,)
+                        box_id,
+                        epoch,
+                        prefix_hash,
+                        "touch before a lent warm",
+                        probe=True,
+                        agents=(agent,),
+                        urgent=True,
                     )
                 )
         if waiters:

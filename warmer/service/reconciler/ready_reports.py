@@ -94,6 +94,9 @@ class ReadyReports:
         self._observer = observer
         self._log = log
         self._served: set[str] = set()  # boxes that were ready at least once under this daemon
+        # this pass's rows, written together at its end (a region coming back is many boxes in one pass)
+        self._phases: list[PhaseRecord] = []
+        self._events: list[LoggedEvent] = []
 
     def served(self, box_id: str) -> bool:
         return box_id in self._served
@@ -107,13 +110,17 @@ class ReadyReports:
             ready = box_ready(box_id, desired, observed, now, self._config).ready
             ready_by_box[box_id] = ready
             if ready and box.ready_report is None and box.epoch is not None:
-                await self._record(box_id, box, box.epoch, now)
+                self._record(box_id, box, box.epoch, now)
         warm = sum(1 for r in observed.warm.values() if is_serving(r))
         self._observer.fleet_state(sum(ready_by_box.values()), warm)
         self._observer.box_states(ready_by_box, agent_warmth(desired, observed))
-        await self._note_gate(desired.boxes, live, ready_by_box, now)
+        self._note_gate(desired.boxes, live, ready_by_box, now)
+        phases, events, self._phases, self._events = self._phases, self._events, [], []
+        refused = await self._store.put_phases_and_events(phases, events)  # one transaction
+        for box_id in sorted(refused):
+            self._log.warning("box phase not written: lease held elsewhere", box=box_id)
 
-    async def _note_gate(
+    def _note_gate(
         self, boxes: Mapping[str, BoxSpec], live: Mapping[str, BoxLive], ready: Mapping[str, bool], now: float
     ) -> None:
         """A box the gate lets in while it is not ready is a fleet in trouble (it could not warm in time, or
@@ -128,7 +135,7 @@ class ReadyReports:
                 "box let in by the readiness gate while not ready", box=box_id, why=answer.reason
             )
             if self._owns(box_id):
-                await self._store.append_event(
+                self._events.append(
                     LoggedEvent(
                         at=now,
                         kind=EventKind.GATE_RELEASED,
@@ -141,7 +148,7 @@ class ReadyReports:
             {box_id: a.release for box_id, (_, a) in self.gate.items() if a.release is not None}
         )
 
-    async def _record(self, box_id: str, live: BoxLive, epoch: str, now: float) -> None:
+    def _record(self, box_id: str, live: BoxLive, epoch: str, now: float) -> None:
         since_mono = (
             live.healthy_since_mono if live.healthy_since_mono is not None else self._clock.monotonic()
         )
@@ -160,7 +167,7 @@ class ReadyReports:
         if not self._owns(box_id):
             return
         if live.prefixes_started_at is not None:  # None: an earlier daemon finished this epoch's phase
-            await self._store.put_phase(
+            self._phases.append(
                 PhaseRecord(
                     box_id=box_id,
                     epoch=epoch,
@@ -172,7 +179,7 @@ class ReadyReports:
                     ok=True,
                 )
             )
-        await self._store.append_event(
+        self._events.append(
             LoggedEvent(
                 at=now, kind=EventKind.BOX_READY, box_id=box_id, epoch=epoch, detail=ready_detail(report)
             )

@@ -51,6 +51,7 @@ from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
 from warmer.core.observations import StoredObservation
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.reconciler.epoch_writes import EpochSeen, write_epochs_seen
 from warmer.service.reconciler.health_sharing import HealthSharing, HolderPolls
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
@@ -263,9 +264,7 @@ class BoxHealth:
             await self._new_epoch(box, epoch, live, now)
             return
         if self._owns(box.id):
-            self._write_later(
-                (box.id, "epoch", epoch), functools.partial(self._store_epoch, box.id, epoch, now)
-            )
+            self._write_later((box.id, "epoch", epoch), EpochSeen(self._store, box.id, epoch, now))
             if not live.healthy:
                 self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
         if not live.healthy and live.health_error is not None:
@@ -310,6 +309,9 @@ class BoxHealth:
         another replica holds the box now (`LeaseLost`) leaves the queue: that replica writes the box."""
         while self._unwritten:
             key, write = next(iter(self._unwritten.items()))
+            if isinstance(write, EpochSeen):  # with every other box's, in one transaction
+                await write_epochs_seen(self._unwritten, self._store, self._log)
+                continue
             try:
                 await write()
             except LeaseLost as exc:

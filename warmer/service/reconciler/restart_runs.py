@@ -12,11 +12,13 @@ import structlog
 from warmer.core.agents import AgentSpec
 from warmer.core.errors import WarmerError
 from warmer.core.event_kinds import EventKind
+from warmer.core.fleet_pacing import WorkKind, restart_warmup_cost
 from warmer.core.model import BoxSpec, LoggedEvent, ModelProfile, PhaseName, PhaseRecord
 from warmer.core.plan_actions import RunRestartWarmup
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, StorePort
-from warmer.service.engine_work.restart_warmup import RestartOutcome, RestartWarmup
+from warmer.service.engine_work.fleet_pacer import FleetPacer
+from warmer.service.engine_work.restart_warmup import RestartOutcome, RestartWarmup, long_prefill_target
 from warmer.service.reconciler.catalogue import PrefixCatalogue
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import ReconcileObserver
@@ -40,6 +42,8 @@ class RestartRuns:
         catalogue: PrefixCatalogue,
         poke: Callable[[], None],
         spawn: Callable[[Awaitable[None], str], None],
+        pacer: FleetPacer,
+        box_value: Callable[[str], float],
     ) -> None:
         self._store = store
         self._clock = clock
@@ -53,9 +57,13 @@ class RestartRuns:
         self._catalogue = catalogue
         self._poke = poke
         self._spawn = spawn
+        self._pacer = pacer
+        self._box_value = box_value
 
     def start(self, action: RunRestartWarmup) -> None:
-        """Mark the box's warm-up running and run it as a task named for the box (so leaving cancels it)."""
+        """Mark the box's warm-up running and run it as a task named for the box (so leaving cancels it).
+        It waits its turn in the fleet pacer first, the boxes holding the most valuable agents first; a
+        queued warm-up counts as running, so the box is not ready meanwhile."""
         live = self._health.live[action.box_id]
         live.warmup = WarmupStatus.RUNNING
         live.warmup_error = None
@@ -65,15 +73,26 @@ class RestartRuns:
         with structlog.contextvars.bound_contextvars(
             box=action.box_id, epoch=action.epoch, action="restart-warmup"
         ):
-            await self._run(action)
+            await self._paced(action)
 
-    async def _run(self, action: RunRestartWarmup) -> None:
+    async def _paced(self, action: RunRestartWarmup) -> None:
         box = self._boxes[action.box_id]
         profile = self._profiles[box.model]
+        longest = self._catalogue.longest(box.model, self._agents)
+        cost = restart_warmup_cost(profile, long_prefill_target(profile.restart, profile, longest), box.slots)
+        value = self._box_value(box.id)
+        async with self._pacer.admitted(WorkKind.RESTART_WARMUP, box.id, value=value, cost_tokens=cost):
+            if self._health.live[box.id].epoch != action.epoch:
+                self._poke()  # restarted again while it waited: the new epoch gets its own warm-up
+                return
+            await self._run(action, box, profile, longest)
+
+    async def _run(
+        self, action: RunRestartWarmup, box: BoxSpec, profile: ModelProfile, longest: int | None
+    ) -> None:
         outcome: RestartOutcome | None = None
         error: str | None = None
         try:
-            longest = self._catalogue.longest(box.model, self._agents)
             outcome = await self._restart.run(box, profile, action.epoch, longest_prefix=longest)
             error = outcome.error
         except WarmerError as exc:

@@ -14,6 +14,7 @@ from typing import Protocol
 from warmer.core.agents import AgentSpec
 from warmer.core.capacity import PrefixBudgetPolicy
 from warmer.core.errors import HealthFailure, WarmerError
+from warmer.core.fleet_pacing import FleetBudget
 from warmer.core.gate import GateAnswer, GateConfig
 from warmer.core.model import BoxSpec, ModelProfile, Prefix, WarmRecord, WarmState
 from warmer.core.placement import PlacementConfig
@@ -95,6 +96,13 @@ class ReconcileObserver(Protocol):
         fleet disappears from the report."""
         ...
 
+    def engine_work_paced(
+        self, queued: Mapping[str, int], running: int, tokens_per_second: float, tokens_available: float
+    ) -> None:
+        """The fleet pacer after each admission: engine work waiting per kind (restart_warmup, warm,
+        probe), pieces running, the fleet budget's rate and what its bucket holds (negative: debt)."""
+        ...
+
 
 class NullObserver:
     """Reports nowhere (unit tests, one-off tools)."""
@@ -124,6 +132,11 @@ class NullObserver:
         return None
 
     def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
+        return None
+
+    def engine_work_paced(
+        self, queued: Mapping[str, int], running: int, tokens_per_second: float, tokens_available: float
+    ) -> None:
         return None
 
 
@@ -162,6 +175,9 @@ class ReconcilerConfig:
     prefix_budget: PrefixBudgetPolicy = field(default_factory=PrefixBudgetPolicy)
     # the admission gate's bounds (setting: [gate]): `/v1/boxes/{id}/admit` never holds a fleet down
     gate: GateConfig = field(default_factory=GateConfig)
+    # restart warm-ups, warms and probes admitted fleet-wide, most valuable first (setting: [reconcile]
+    # fleet_warm_*; `warmer.core.fleet_pacing`)
+    fleet_budget: FleetBudget = field(default_factory=FleetBudget)
 
     def __post_init__(self) -> None:
         if self.health_concurrency < 1:
