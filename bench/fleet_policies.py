@@ -182,11 +182,11 @@ class Policy:
         return {}
 
     def background_target(self, prompt: str, call_target: Target) -> Target:
-        """Where a call's background request goes: by default the box the call is on, in the call's slot
-        when its turns name one (warmer's answer: a request warmer is not told of stays in the slot warmer
-        already counts as the call's, so it evicts no prefix another answer vouches for; the call's next
-        turn pays for it), else no slot named (the engine picks the slot it evicts)."""
-        return Target(call_target.base_url, call_target.box_id, slot=call_target.slot)
+        """Where a call's background request goes: by default the box the call is on, no slot named (the
+        engine picks the slot it evicts). Not the call's slot: warmer counts a call of the same agent in a
+        slot as no risk to that agent's prefix there (its turns extend it), and a summary would overwrite
+        it (a first run with the call's slot found 0.89 of ready answers true, against 0.98 without)."""
+        return Target(call_target.base_url, call_target.box_id)
 
 
 async def send_prefix(client: httpx.AsyncClient, url: str, prefix: str, attempts: int = 1) -> int:
