@@ -35,8 +35,20 @@ tools/server/server-task.cpp, `server_task_result_cmpl_final::to_json_oaicompat`
 few seconds, right before and after its restart, and at the end. The limit (turn 1 with its stable prefix
 cached) is measured in the same run on a separate idle box of the same setting.
 
-Run: python -m bench.fleet [--shape default|crowded|realmix] [--setting tight|roomy|both]
-[--model testbed|light] [--policies a,b] [--runs N]
+The vLLM shape (`--engine vllm`, bench/fleet_engines.py says why each number): the same arms, schedule
+and figures on 3 real vLLM CPU servers (testbed/vllm_fleet.py, the tiny HF model, one thread each) whose KV
+pool binds (`--num-gpu-blocks-override`: tight 192 blocks of 32 tokens, two idle ~2,900-token prefixes a
+box; roomy 640), `--max-model-len 4096`; prefill from vLLM's `vllm:prompt_tokens_by_source_total{source=
+"local_compute"}` and `vllm:prompt_tokens_cached_total`, a turn's cached tokens from its final usage chunk
+(`prompt_tokens_details.cached_tokens`, whole blocks, so "ready answers true" and the limit's check compare
+with the stable prefix's whole blocks); no `id_slot`; warmer on a generated `tiny-vllm-cpu` profile with the
+model's own tokenizer.json, so its stable prefix is exactly vLLM's ids for the rendered turns. Not with
+`--shape realmix` (10-turn calls outgrow the context). Each vLLM box takes ~1.9 GB RSS (API server,
+engine core, worker) and 30-140 s to start or restart.
+
+Run: python -m bench.fleet [--engine llamacpp|vllm] [--shape default|crowded|realmix]
+[--setting tight|roomy|both] [--model testbed|light] [--policies a,b] [--runs N]
+e.g. python -m bench.fleet --engine vllm --policies cache_aware,cache_aware_tuned,prefix_hash_prewarm,warmer
 Results: a Markdown table on stdout (median and range too with --runs > 1); per-turn JSON under
 bench/results/ (not committed); `fleet-summary-<shape>-<setting>-<UTC>.json` per run (committed).
 """
