@@ -37,7 +37,7 @@ cached) is measured in the same run on a separate idle box of the same setting.
 
 The vLLM shape (`--engine vllm`, bench/fleet_engines.py says why each number): the same arms, schedule
 and figures on 3 real vLLM CPU servers (testbed/vllm_fleet.py, the tiny HF model, one thread each) whose KV
-pool binds (`--num-gpu-blocks-override`: tight 192 blocks of 32 tokens, two idle ~2,900-token prefixes a
+pool binds (`--num-gpu-blocks-override`: tight 200 blocks of 32 tokens, two idle ~2,900-token prefixes a
 box; roomy 640), `--max-model-len 4096`; prefill from vLLM's `vllm:prompt_tokens_by_source_total{source=
 "local_compute"}` and `vllm:prompt_tokens_cached_total`, a turn's cached tokens from its final usage chunk
 (`prompt_tokens_details.cached_tokens`, whole blocks, so "ready answers true" and the limit's check compare

