@@ -4,6 +4,7 @@ warmer's adapters read, each with an LRU prefix cache sized in tokens, a prefill
 identity that changes on restart, health that can be made slow or failing, and counters of every request.
 
 - `SimFleetApp` (app.py): the ASGI app of one process, usable in-process over `httpx.ASGITransport`.
+- `simfleet_in_process` (run.py): the same on a loopback socket, served by the caller's event loop.
 - `running_simfleet` (run.py): N boxes in K subprocesses, as a context manager; `SimFleet` drives them.
 - `python -m testbed simfleet --boxes 1000 --engine llamacpp`: the same from the shell (cli.py).
 """
@@ -11,7 +12,7 @@ identity that changes on restart, health that can be made slow or failing, and c
 from testbed.simfleet.app import SimFleetApp
 from testbed.simfleet.box import BoxConfig, HealthMode, SimBox, SimEngine
 from testbed.simfleet.cache import PrefixCache
-from testbed.simfleet.run import SimFleet, fleet_toml, running_simfleet
+from testbed.simfleet.run import SimFleet, fleet_toml, running_simfleet, simfleet_in_process
 
 __all__ = [
     "BoxConfig",
@@ -23,4 +24,5 @@ __all__ = [
     "SimFleetApp",
     "fleet_toml",
     "running_simfleet",
+    "simfleet_in_process",
 ]

@@ -8,6 +8,7 @@ readiness. `SimFleet` then drives the boxes through their process's control rout
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -40,30 +41,10 @@ def bind_loopback(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(
-    config: BoxConfig,
-    *,
-    count: int,
-    first: int = 0,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    id_prefix: str = "sim-",
-    tokenizer: Path = DEFAULT_TOKENIZER,
-) -> None:
-    """Serve boxes `first .. first + count - 1` until cancelled or signalled; announce them on stdout."""
+def _server(app: SimFleetApp) -> Any:
     import uvicorn
 
-    sock = bind_loopback(host, port)
-    bound = sock.getsockname()[1]
-    app = SimFleetApp(
-        config,
-        count=count,
-        first=first,
-        id_prefix=id_prefix,
-        base_url=f"http://{host}:{bound}",
-        tokenizer=SimTokenizer(tokenizer),
-    )
-    server = uvicorn.Server(
+    return uvicorn.Server(
         uvicorn.Config(
             app,
             loop="none",
@@ -75,9 +56,60 @@ async def serve(
             backlog=4096,
         )
     )
+
+
+async def serve(
+    config: BoxConfig,
+    *,
+    count: int,
+    first: int = 0,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    id_prefix: str = "sim-",
+    tokenizer: Path = DEFAULT_TOKENIZER,
+) -> None:
+    """Serve boxes `first .. first + count - 1` until cancelled or signalled; announce them on stdout."""
+    sock = bind_loopback(host, port)
+    bound = sock.getsockname()[1]
+    app = SimFleetApp(
+        config,
+        count=count,
+        first=first,
+        id_prefix=id_prefix,
+        base_url=f"http://{host}:{bound}",
+        tokenizer=SimTokenizer(tokenizer),
+    )
     # The socket listens already: connections made from now on wait in its backlog until uvicorn accepts.
     print(json.dumps({**app.fleet(), "pid": os.getpid(), "port": bound}), flush=True)
-    await server.serve(sockets=[sock])
+    await _server(app).serve(sockets=[sock])
+
+
+@contextlib.asynccontextmanager
+async def simfleet_in_process(
+    boxes: int,
+    config: BoxConfig | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    id_prefix: str = "sim-",
+) -> AsyncIterator[SimFleetApp]:
+    """`boxes` boxes served on a loopback socket by this process's running event loop (for tests and benches
+    that want the app's state at hand); `app.base_url` is where they listen. Stopped on exit."""
+    sock = bind_loopback(host, port)
+    app = SimFleetApp(
+        config or BoxConfig(),
+        count=boxes,
+        id_prefix=id_prefix,
+        base_url=f"http://{host}:{sock.getsockname()[1]}",
+    )
+    server = _server(app)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield app
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
 
 
 def fleet_toml(boxes: Sequence[dict[str, Any]], *, engine: str, model: str, slots: int) -> str:

@@ -60,5 +60,6 @@ def test_serve_warms_fifty_sim_boxes_and_a_sim_restart_unreadies_one_until_rewar
             assert fleet.box_state(index[target])["epoch"] != old_epoch
 
             counts = fleet.stats()["boxes"][target]
-            assert counts["control"] > 0 and counts["work"] > 0
+            assert counts["control"] > 0
+            assert counts["work"] > 0
             serve.stop()

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from testbed.simfleet import BoxConfig, PrefixCache, SimEngine, SimFleetApp
+from testbed.simfleet import BoxConfig, PrefixCache, SimEngine, SimFleetApp, simfleet_in_process
 from tests.unit.engine_shapes import (
     FAST_RETRY,
     LLAMACPP_METRICS,
@@ -29,7 +29,7 @@ from tests.unit.engine_shapes import (
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.sglang import SglangEngine
 from warmer.adapters.engines.vllm import VllmEngine
-from warmer.core.errors import EngineDown
+from warmer.core.errors import EngineDown, EngineSlow
 from warmer.core.model import BoxSpec, EngineKind, Prefix
 from warmer.core.promtext import parse_prometheus_text
 from warmer.core.warmstate import is_verified
@@ -62,8 +62,10 @@ def test_lru_eviction_in_tokens_and_block_rounding() -> None:
     cache.serve(b)  # 10 held
     assert cache.serve(a).cached_tokens == 4  # 5 shared (last token computed), rounded down to the block
     cache.serve(c)  # 13 > 10: the least recently used (b) goes
-    assert cache.held_tokens == 9 and cache.evicted_sequences == 1
-    assert cache.peek(b) == 0 and cache.peek(a) == 6
+    assert cache.held_tokens == 9
+    assert cache.evicted_sequences == 1
+    assert cache.peek(b) == 0
+    assert cache.peek(a) == 6
     cache.serve(list(range(100, 111)))  # longer than the whole cache: computed, never held
     assert cache.sequences() == [6, 3]
 
@@ -72,7 +74,9 @@ def test_max_sequences_bounds_prompts_held_like_llamacpp_slots() -> None:
     cache = PrefixCache(1000, max_sequences=2)
     for first in (1, 2, 3):
         cache.serve([first] * 5)
-    assert cache.peek([1] * 5) == 0 and cache.peek([3] * 5) == 5 and len(cache) == 2
+    assert cache.peek([1] * 5) == 0
+    assert cache.peek([3] * 5) == 5
+    assert len(cache) == 2
 
 
 # -- the boxes through warmer's adapters ------------------------------------------------------------
@@ -106,7 +110,8 @@ def test_warm_verifies_and_a_restart_changes_the_epoch_empties_the_cache_and_res
                 text=PREFIX, token_count=len(app.engine.tokenizer.encode(PREFIX, add_special=True))
             )
             cold = await port.complete_prefix(box, prefix)
-            assert cold.cached_tokens == 0 and cold.prompt_tokens == prefix.token_count
+            assert cold.cached_tokens == 0
+            assert cold.prompt_tokens == prefix.token_count
             probe = await port.complete_prefix(box, prefix, suffix=" Hello?")
             block = 16 if engine is SimEngine.VLLM else 1
             assert is_verified(prefix.token_count, probe.cached_tokens, block)
@@ -123,7 +128,8 @@ def test_warm_verifies_and_a_restart_changes_the_epoch_empties_the_cache_and_res
             after = await port.complete_prefix(box, prefix, suffix=" Hello?")
             assert after.cached_tokens == 0
             stats = await port.cache_stats(box)
-            assert stats.hit_tokens == 0 and stats.queried_tokens == after.prompt_tokens
+            assert stats.hit_tokens == 0
+            assert stats.queried_tokens == after.prompt_tokens
 
     asyncio.run(scenario())
 
@@ -140,10 +146,12 @@ def test_failing_health_is_down_and_requests_are_counted_by_class(engine: SimEng
             with pytest.raises(EngineDown):
                 await port.health(box)
             counts = app.stats()["boxes"]["sim-1"]
-            assert counts["work"] == 1 and counts["control"] >= 2
+            assert counts["work"] == 1
+            assert counts["control"] >= 2
             assert app.stats()["boxes"]["sim-0"] == {"control": 0, "work": 0, "tokenize": 0}
             bad = await client.post(f"{BASE}/_sim/restart", json={"boxes": [1, 99]})
-            assert bad.status_code == 400 and app.boxes[1].restarts == 0  # nothing restarted
+            assert bad.status_code == 400
+            assert app.boxes[1].restarts == 0
 
     asyncio.run(scenario())
 
@@ -208,7 +216,8 @@ def sim_json(app: SimFleetApp, method: str, path: str, body: dict[str, Any] | No
     [
         (SimEngine.LLAMACPP, "/completion", {"prompt": PREFIX, "n_predict": 1}, llamacpp_completion(1, 2)),
         (SimEngine.LLAMACPP, "/v1/completions", {"prompt": PREFIX, "max_tokens": 1}, openai_completion(3, 1)),
-        (SimEngine.VLLM, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1}, openai_completion(3, None)),
+        (SimEngine.VLLM, "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 1},
+         openai_completion(3, None)),
         (SimEngine.SGLANG, "/generate", {"text": PREFIX, "sampling_params": {"max_new_tokens": 1}},
          sglang_generate(3, 1)),
         (SimEngine.SGLANG, "/v1/completions", {"prompt": PREFIX, "max_tokens": 1}, openai_completion(3, 1)),
@@ -248,8 +257,27 @@ def test_lookup_and_fleet_control_routes() -> None:
         {"id": "b6", "base_url": "http://h:1/box/6"},
     ]
     ids = app.engine.tokenizer.encode(PREFIX, add_special=True)
-    sim_json_5 = SimFleetApp(BoxConfig(), count=1, base_url=BASE)
-    sim_json(sim_json_5, "POST", "/completion", {"prompt": ids, "n_predict": 1})
-    box = sim_json_5.boxes[0]
-    assert box.cache.peek(ids) == len(ids) and box.cache.peek(ids[1:]) == 0
+    one = SimFleetApp(BoxConfig(), count=1, base_url=BASE)
+    sim_json(one, "POST", "/completion", {"prompt": ids, "n_predict": 1})
+    box = one.boxes[0]
+    assert box.cache.peek(ids) == len(ids)
+    assert box.cache.peek(ids[1:]) == 0
     assert json.loads(json.dumps(box.state()))["cache"]["sequences"] == [len(ids)]
+
+
+def test_slow_health_over_a_real_socket_is_slow_not_down_and_recovers() -> None:
+    """Timeouts need a real socket (the ASGI transport has none): a slow /health is EngineSlow."""
+
+    async def scenario() -> None:
+        async with simfleet_in_process(2) as app, httpx.AsyncClient() as client:
+            port = LlamaCppEngine(client, timeouts=SHORT_TIMEOUTS, retry=FAST_RETRY)
+            box = BoxSpec(id="sim-1", base_url=app.box_url(1), engine=EngineKind.LLAMACPP, model="m")
+            assert await port.health(box)
+            slow = {"boxes": [1], "mode": "slow", "delay_seconds": 5 * SHORT_TIMEOUTS.health}
+            assert (await client.post(f"{app.base_url}/_sim/health", json=slow)).status_code == 200
+            with pytest.raises(EngineSlow):
+                await port.health(box)
+            await client.post(f"{app.base_url}/_sim/health", json={"boxes": [1], "mode": "ok"})
+            assert await port.health(box)
+
+    asyncio.run(scenario())
