@@ -121,6 +121,7 @@ class SimBox:
     health_delay_seconds: float = 0.0
     down_until: float = 0.0  # monotonic: until then every engine route answers 503 (loading)
     running: int = 0
+    running_tokens: int = 0  # prompt + output tokens of the requests running now (their KV in the pool)
     _busy_until: float = 0.0
     _slots: asyncio.Semaphore | None = None
 
@@ -152,13 +153,15 @@ class SimBox:
         self.counters = EngineCounters()
         self.restarts += 1
         self.running = 0
+        self.running_tokens = 0
         self._busy_until = 0.0
         self._slots = None
         self.down_until = time.monotonic() + max(0.0, down_seconds)
 
     def used_share(self) -> float:
-        """The share of the KV pool running requests hold (what vLLM's and SGLang's usage gauges report)."""
-        return min(1.0, self.running * self.config.context_tokens / self.config.cache_tokens)
+        """The share of the KV pool running requests hold (what vLLM's and SGLang's usage gauges report:
+        cached tokens no request holds count as free)."""
+        return min(1.0, self.running_tokens / self.config.cache_tokens)
 
     async def run(self, tokens: Sequence[int], max_tokens: int) -> tuple[Lookup, float, float]:
         """One completion: (its cache lookup, prefill seconds, decode seconds), after waiting them out."""
@@ -168,7 +171,9 @@ class SimBox:
         async with self._slots:
             if self.identity is not identity:
                 raise BoxRestarted(self.box_id)
+            held = len(tokens) + max(0, max_tokens)
             self.running += 1
+            self.running_tokens += held
             try:
                 lookup = self.cache.serve(tokens)
                 uncached = lookup.prompt_tokens - lookup.cached_tokens
@@ -180,6 +185,7 @@ class SimBox:
             finally:
                 if self.identity is identity:
                     self.running -= 1
+                    self.running_tokens -= held
         if self.identity is not identity:
             raise BoxRestarted(self.box_id)
         self.counters.processed_tokens += uncached

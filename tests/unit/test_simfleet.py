@@ -281,3 +281,18 @@ def test_slow_health_over_a_real_socket_is_slow_not_down_and_recovers() -> None:
             assert await port.health(box)
 
     asyncio.run(scenario())
+
+
+def test_running_requests_hold_their_tokens_in_the_usage_gauge_and_release_them() -> None:
+    async def scenario() -> None:
+        with sim(SimEngine.VLLM, cache_tokens=1000, prefill_tokens_per_second=50.0) as (app, client):
+            port, box = adapter(SimEngine.VLLM, client), spec(SimEngine.VLLM)
+            body = {"prompt": list(range(1, 11)), "max_tokens": 2}  # 10 prompt + 2 output tokens
+            running = asyncio.create_task(client.post(f"{BASE}/box/1/v1/completions", json=body))
+            while app.boxes[1].running == 0:  # noqa: ASYNC110 (the box's own state, nothing to wait on)
+                await asyncio.sleep(0.001)
+            assert (await port.capacity(box)).used_share == pytest.approx(12 / 1000)
+            assert (await running).status_code == 200
+            assert (await port.capacity(box)).used_share == 0.0
+
+    asyncio.run(scenario())
