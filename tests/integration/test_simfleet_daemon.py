@@ -7,16 +7,25 @@ Bounded waits only (no timing assertions): the reconcile and health intervals ar
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 
 from testbed.fleet import free_loopback_port
 from testbed.simfleet import BoxConfig, SimEngine, running_simfleet
 from tests.integration.daemon_harness import AGENT, AGENTS_DIR, running_serve, stable_prefix, write_config
 from warmer.config.agents import load_agent_specs
+from warmer.config.fleet_settings import BoxSettings
+from warmer.core.model import EngineKind
 
 pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
 
 BOXES = 50
 
@@ -63,3 +72,32 @@ def test_serve_warms_fifty_sim_boxes_and_a_sim_restart_unreadies_one_until_rewar
             assert counts["control"] > 0
             assert counts["work"] > 0
             serve.stop()
+
+
+def test_cli_spreads_boxes_over_processes_writes_a_fleet_file_warmer_accepts_and_stops_them(
+    tmp_path: Path,
+) -> None:
+    fleet_file = tmp_path / "boxes.toml"
+    command = [sys.executable, "-m", "testbed", "simfleet", "--boxes", "5", "--processes", "2"]
+    command += ["--engine", "sglang", "--fleet-file", str(fleet_file)]
+    cli = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        assert cli.stderr is not None
+        said = cli.stderr.readline()  # printed once every process listens and the file is written
+        assert "5 simulated sglang box(es)" in said, said
+        boxes = [BoxSettings(**entry) for entry in tomllib.loads(fleet_file.read_text())["fleet"]["boxes"]]
+        assert [box.id for box in boxes] == [f"sim-{i}" for i in range(5)]
+        assert {box.engine for box in boxes} == {EngineKind.SGLANG}
+        origins = {box.base_url.rsplit("/box/", 1)[0] for box in boxes}
+        assert len(origins) == 2  # two processes, one port each
+        for i, box in enumerate(boxes):
+            info = httpx.get(f"{box.base_url}/server_info", timeout=10)
+            assert info.status_code == 200
+            state = httpx.get(f"{box.base_url.rsplit('/box/', 1)[0]}/_sim/box/{i}", timeout=10).json()
+            assert state["id"] == box.id
+    finally:
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(timeout=30) == 0
+    for origin in origins:
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{origin}/_sim/fleet", timeout=5)
