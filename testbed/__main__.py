@@ -5,8 +5,9 @@
     python -m testbed fleet --boxes 2 --slots 2  # run a local fleet until Ctrl-C / SIGTERM
     python -m testbed demo                       # a local fleet plus `warmer serve` configured for it
     python -m testbed hosted --port 8480         # a local stand-in for the hosted APIs (key: $HOSTED_KEY)
+    python -m testbed simfleet --boxes 1000      # simulated engine boxes on loopback, until Ctrl-C / SIGTERM
 
-`fleet` prints a `[[fleet.boxes]]` TOML snippet to paste into a warmer config.
+`fleet` and `simfleet` print a `[[fleet.boxes]]` TOML snippet to paste into a warmer config.
 """
 
 from __future__ import annotations
@@ -144,7 +145,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "hosted", help="a local provider with OpenAI's and Anthropic's documented cache rules, until Ctrl-C"
     )
     hosted.add_argument("--port", type=int, default=8480, help="loopback port (default 8480)")
+    simfleet = commands.add_parser(
+        "simfleet", help="thousands of simulated engine boxes (llama.cpp, vLLM or SGLang shapes) on loopback"
+    )
+    from testbed.simfleet.cli import add_arguments
+    from testbed.simfleet.cli import run as run_simfleet
+
+    add_arguments(simfleet)
     args = parser.parse_args(argv)
+    if args.command == "simfleet":
+        return run_simfleet(args, simfleet)
     if args.command == "hosted":
         return run_hosted(args.port)
     if args.command == "build":
