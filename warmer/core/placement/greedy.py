@@ -17,47 +17,85 @@ from warmer.core.placement.demand import Demand, Position, Step, prepare
 from warmer.core.placement.ranking import BoxIndex
 from warmer.core.placement.types import AgentDemand, Placement, PlacementConfig, UnplacedReason
 
+_NO_LIMIT = 1 << 62  # a cap not known: larger than any count of prefixes or tokens
+
+
+class _Held:
+    """One box in a placement in progress: its agents, its distinct prefixes and their tokens, its caps."""
+
+    __slots__ = ("agents", "exclusive", "model", "open", "prefix_limit", "prefixes", "token_limit", "tokens")
+
+    def __init__(self, box: BoxSpec) -> None:
+        self.model = box.model
+        self.open = False  # counted in `Fill`'s open boxes of its model (only while tracking)
+        self.agents = 0
+        self.tokens = 0
+        self.prefixes: set[str] = set()
+        self.exclusive = False  # a dedicated agent took it: it serves that agent alone
+        self.prefix_limit = box.prefix_capacity if box.prefix_capacity is not None else _NO_LIMIT
+        self.token_limit = box.cache_capacity_tokens if box.cache_capacity_tokens is not None else _NO_LIMIT
+
 
 class Fill:
-    """What a placement in progress has given each box: agents, distinct prefixes and their tokens."""
+    """What a placement in progress has given each box: agents, distinct prefixes and their tokens.
+
+    One record per box (`_Held`), so a check costs one lookup by box id: the checks are most of a capped
+    placement's CPU."""
 
     def __init__(self, spec: Mapping[str, BoxSpec], config: PlacementConfig, dedicated: Collection[str]):
-        self._spec = spec
         self._cap = config.max_agents_per_box
         self._dedicated = dedicated
-        self._agents: dict[str, int] = {}
-        self._tokens: dict[str, int] = {}
-        self._prefixes: dict[str, set[str]] = {}
-        self._exclusive: set[str] = set()
+        self._held = {box_id: _Held(box) for box_id, box in spec.items()}
         self.chosen: dict[str, list[str]] = {}
+        self._open: dict[str, int] = {}  # model -> its boxes that may still take a new prefix (`track`)
+        self._holders: dict[str, int] = {}  # prefix -> boxes holding it (`track`)
+
+    def track(self, index: BoxIndex) -> None:
+        """Count, from here on, each model's boxes that may still take a prefix they do not hold, and the
+        boxes holding each prefix (for `can_gain`; kept by `take` only). Call on a fresh fill."""
+        for box_id, held in self._held.items():
+            if box_id in index:
+                held.open = True
+                self._open[held.model] = self._open.get(held.model, 0) + 1
+
+    def can_gain(self, agent: AgentDemand) -> bool:
+        """False when no box can take the agent (since `track`): none may take a new prefix and no box but
+        its own holds its prefix. Boxes only fill, so then none ever will: its walk can stop."""
+        if self._open.get(agent.model, 0) > 0:
+            return True
+        return self._holders.get(agent.prefix_key, 0) > len(self.chosen.get(agent.agent_id, ()))
 
     def fits(self, agent: AgentDemand, box_id: str) -> bool:
         if box_id in self.chosen.get(agent.agent_id, ()):
             return False
-        count = self._agents.get(box_id, 0)
-        if box_id in self._exclusive or count >= self._cap or (agent.agent_id in self._dedicated and count):
+        held = self._held[box_id]
+        count = held.agents
+        if held.exclusive or count >= self._cap or (agent.agent_id in self._dedicated and count):
             return False
-        holds = self._prefixes.get(box_id)
-        if holds is not None and agent.prefix_key in holds:
+        if agent.prefix_key in held.prefixes:
             return True  # the prefix is held here already: another agent sharing it costs no cache
-        box = self._spec[box_id]
-        if box.prefix_capacity is not None and len(holds or ()) >= box.prefix_capacity:
+        if len(held.prefixes) >= held.prefix_limit:
             return False
-        capacity = box.cache_capacity_tokens
-        return capacity is None or self._tokens.get(box_id, 0) + agent.prefix_tokens <= capacity
+        return held.tokens + agent.prefix_tokens <= held.token_limit
 
     def take(self, agent: AgentDemand, box_id: str) -> int:
         """Give the box to the agent; returns how many boxes the agent has now."""
         chosen = self.chosen.setdefault(agent.agent_id, [])
         chosen.append(box_id)
-        self._agents[box_id] = self._agents.get(box_id, 0) + 1
-        holds = self._prefixes.setdefault(box_id, set())
+        held = self._held[box_id]
+        held.agents += 1
         prefix_key = agent.prefix_key
-        if prefix_key not in holds:
-            holds.add(prefix_key)
-            self._tokens[box_id] = self._tokens.get(box_id, 0) + agent.prefix_tokens
+        if prefix_key not in held.prefixes:
+            held.prefixes.add(prefix_key)
+            held.tokens += agent.prefix_tokens
+            self._holders[prefix_key] = self._holders.get(prefix_key, 0) + 1
         if agent.agent_id in self._dedicated:
-            self._exclusive.add(box_id)
+            held.exclusive = True
+        if held.open and (
+            held.exclusive or held.agents >= self._cap or len(held.prefixes) >= held.prefix_limit
+        ):
+            held.open = False
+            self._open[held.model] -= 1
         return len(chosen)
 
     def take_first(
@@ -71,39 +109,58 @@ class Fill:
         """`fits` then `take` over the candidates in order until the agent has `need` boxes; returns how
         many it has. One call per agent with the checks inlined: the single pass runs this 20,000 times."""
         aid, key, tokens = agent.agent_id, agent.prefix_key, agent.prefix_tokens
-        dedicated, cap, spec = aid in self._dedicated, self._cap, self._spec
-        counts, held_tokens, prefixes, exclusive = self._agents, self._tokens, self._prefixes, self._exclusive
+        dedicated, cap, boxes = aid in self._dedicated, self._cap, self._held
         chosen = self.chosen.get(aid)
         for box_id in candidates:
             if skip and box_id in skip:
                 continue
             if examined is not None:
                 examined.append(box_id)
-            count = counts.get(box_id, 0)
-            if count >= cap or box_id in exclusive or (dedicated and count) or (chosen and box_id in chosen):
+            held = boxes[box_id]
+            count = held.agents
+            if count >= cap or held.exclusive or (dedicated and count) or (chosen and box_id in chosen):
                 continue
-            holds = prefixes.get(box_id)
-            if holds is None or key not in holds:
-                box = spec[box_id]
-                limit = box.prefix_capacity
-                if limit is not None and holds is not None and len(holds) >= limit:
+            holds = held.prefixes
+            if key not in holds:
+                if len(holds) >= held.prefix_limit or held.tokens + tokens > held.token_limit:
                     continue
-                now = held_tokens.get(box_id, 0)
-                if box.cache_capacity_tokens is not None and now + tokens > box.cache_capacity_tokens:
-                    continue
-                if holds is None:
-                    holds = prefixes[box_id] = set()
                 holds.add(key)
-                held_tokens[box_id] = now + tokens
-            counts[box_id] = count + 1
+                held.tokens += tokens
+            held.agents = count + 1
             if dedicated:
-                exclusive.add(box_id)
+                held.exclusive = True
             if chosen is None:
                 chosen = self.chosen[aid] = []
             chosen.append(box_id)
             if len(chosen) >= need:
                 break
         return len(chosen) if chosen else 0
+
+    def take_all(self, agent: AgentDemand, boxes: list[str]) -> bool:
+        """Give the agent every one of these distinct boxes if each fits (what `take_first` over them does
+        then), else change nothing; whether it took them. The agent has no box yet."""
+        key, tokens = agent.prefix_key, agent.prefix_tokens
+        dedicated, cap, records = agent.agent_id in self._dedicated, self._cap, self._held
+        helds = [records[box_id] for box_id in boxes]
+        for held in helds:
+            count = held.agents
+            if count >= cap or held.exclusive or (dedicated and count):
+                return False
+            holds = held.prefixes
+            if key not in holds and (
+                len(holds) >= held.prefix_limit or held.tokens + tokens > held.token_limit
+            ):
+                return False
+        for held in helds:
+            held.agents += 1
+            holds = held.prefixes
+            if key not in holds:
+                holds.add(key)
+                held.tokens += tokens
+            if dedicated:
+                held.exclusive = True
+        self.chosen[agent.agent_id] = list(boxes)
+        return True
 
     def groups(self) -> dict[str, tuple[str, ...]]:
         return {agent_id: tuple(chosen) for agent_id, chosen in self.chosen.items() if chosen}
@@ -114,21 +171,61 @@ def single_pass(demand: Demand, index: BoxIndex, fill: Fill, trace: dict[str, St
     pass in turn order is the answer, each agent's boxes it has first. False when some agent got no box
     (then coverage comes first, `coverage_first`)."""
     for agent in demand.ordered:
+        if agent.agent_id in demand.incumbents and not turn(demand, index, fill, agent, trace):
+            return False
+    return True
+
+
+def turn(
+    demand: Demand, index: BoxIndex, fill: Fill, agent: AgentDemand, trace: dict[str, Step] | None
+) -> bool:
+    """One placeable agent's turn of the single pass: its boxes first, then its ranking; whether it got a
+    box. `trace`, when given, receives its step."""
+    aid = agent.agent_id
+    mine = demand.incumbents[aid]
+    step = Step() if trace is not None else None
+    examined = step.examined if step is not None else None
+    need = demand.wanted[aid]
+    took = fill.take_first(agent, mine, need, examined) if mine else 0
+    if took < need:
+        walk = index.walk(aid, demand.seeds[aid], agent.model, step.entered if step is not None else None)
+        took = fill.take_first(agent, walk, need, examined, skip=mine)
+    if step is not None and trace is not None:
+        step.chosen, step.complete = list(fill.chosen.get(aid, ())), took == need
+        trace[aid] = step
+    return bool(took)
+
+
+def capped_pass(demand: Demand, index: BoxIndex, fill: Fill, trace: dict[str, Step] | None = None) -> bool:
+    """`single_pass` exactly (the same fill, groups and steps) where prefix or token caps can bind, faster.
+
+    Why it is exact: a box's fit depends only on what earlier agents left in it, not on the other boxes this
+    agent takes (they are distinct). So where every box of the agent's head (its boxes now, then the first
+    boxes of its best bucket's ranking, as `counted` takes them) fits, its walk would have taken exactly that
+    head and stopped: the head's boxes are checked once and taken, with no walk. Otherwise the agent walks as
+    in `single_pass`, against the same fill. At fleet scale nearly every agent takes its head; the walk
+    (generators over the ranking, every check per box) was most of a capped placement's CPU."""
+    seeds, wanted, incumbents = demand.seeds, demand.wanted, demand.incumbents
+    for agent in demand.ordered:
         aid = agent.agent_id
-        mine = demand.incumbents.get(aid)
+        mine = incumbents.get(aid)
         if mine is None:
-            continue
-        step = Step() if trace is not None else None
-        examined = step.examined if step is not None else None
-        need = demand.wanted[aid]
-        took = fill.take_first(agent, mine, need, examined) if mine else 0
-        if took < need:
-            walk = index.walk(aid, demand.seeds[aid], agent.model, step.entered if step is not None else None)
-            took = fill.take_first(agent, walk, need, examined, skip=mine)
-        if step is not None and trace is not None:
-            step.chosen, step.complete = list(fill.chosen.get(aid, ())), took == need
-            trace[aid] = step
-        if not took:
+            continue  # no box serves its model
+        need = wanted[aid]
+        entered: list[int] = []
+        head: list[str] | None
+        if len(mine) > 1 and len(set(mine)) < len(mine):
+            head = None  # a repeated box is skipped the second time: the walk knows how
+        elif len(mine) >= need:
+            head = mine[:need]
+        else:
+            head = index.head(aid, seeds[aid], agent.model, need - len(mine), mine, entered)
+            if head is not None and mine:
+                head = [*mine, *head]
+        if head is not None and fill.take_all(agent, head):
+            if trace is not None:
+                trace[aid] = Step(list(head), list(head), entered, True)
+        elif not turn(demand, index, fill, agent, trace):
             return False
     return True
 
@@ -141,9 +238,13 @@ def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, Unp
     placeable = [agent for agent in demand.ordered if agent.agent_id in demand.incumbents]
     rankings = {agent.agent_id: demand.ranking(index, agent) for agent in placeable}
 
+    fill.track(index)  # where the fleet is short, most walks would look at every box and take none
+
     def cover(agent: AgentDemand, candidates: Iterator[str] | list[str]) -> None:
         first_pass = demand.wanted[agent.agent_id] if agent.agent_id in demand.dedicated else 1
         for box_id in candidates:
+            if not fill.can_gain(agent):
+                return
             if fill.fits(agent, box_id) and fill.take(agent, box_id) >= first_pass:
                 return
 
@@ -165,7 +266,7 @@ def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, Unp
             continue
         need = demand.wanted[agent.agent_id]
         for box_id in _chain(demand.incumbents[agent.agent_id], rankings[agent.agent_id]):
-            if len(chosen) >= need:
+            if len(chosen) >= need or not fill.can_gain(agent):
                 break
             if box_id not in chosen and fill.fits(agent, box_id):
                 fill.take(agent, box_id)
@@ -241,7 +342,7 @@ def place_indexed(
         if trace is not None:
             trace.clear()
         fill = Fill(spec, config, demand.dedicated)
-        single = single_pass(demand, index, fill, trace)
+        single = capped_pass(demand, index, fill, trace)
         if not single:
             if trace is not None:
                 trace.clear()
