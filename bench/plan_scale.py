@@ -15,8 +15,10 @@ runs `--parallel` 8, 12 or 16 slots (`prefix_capacity`, in turn by box) sharing 
 token cap refuses the busier boxes and the 8-slot cap a third of them, while every agent still finds its whole
 group: the single pass with every cap checked (`greedy.capped_pass`), not the pass by counts. Its placement
 baseline is the placement as it was before the capped pass (`bench.baseline_greedy`, kept verbatim), checked
-equal. Fewer slots (llama.cpp's usual 2-4) make 5,000 boxes too small for 20,000 agents with their own
-prefixes (15,000 slots for 40,800 wanted memberships): that fleet is short, and coverage comes first.
+equal. `--caps slots` gives each box llama.cpp's usual 2, 3 or 4 slots (in turn) and no token cap: 5,000 boxes
+then hold 15,000 prefixes for 20,000 agents with their own prefixes wanting 40,800 memberships, so the fleet
+is short and coverage comes first (`greedy.coverage_first`): every agent that can get a box gets one, the
+rest are reported unplaced; `PlacementState` re-places in full after every edit there.
 
 Run: python -m bench.plan_scale [--boxes 5000] [--agents 20000] [--models 1] [--repeats 3] [--caps kv]
 """
@@ -76,6 +78,16 @@ KV_POOL_TOKENS = 32_768  # --caps kv: one llama.cpp KV pool (--ctx-size), shared
 
 def new_box(i: int | str, model: str, caps: str = "none") -> BoxSpec:
     box_id = f"box-{i:05d}" if isinstance(i, int) else i
+    if caps == "slots":
+        slots = 2 + (i if isinstance(i, int) else 0) % 3
+        return BoxSpec(
+            id=box_id,
+            base_url="http://10.0.0.1:8080",
+            engine=EngineKind.LLAMACPP,
+            model=model,
+            slots=slots,
+            prefix_capacity=slots,
+        )
     if caps == "kv":
         slots = KV_SLOTS[i % len(KV_SLOTS)] if isinstance(i, int) else KV_SLOTS[0]
         return BoxSpec(
@@ -261,7 +273,9 @@ def full_steps(
 def edit_steps(boxes: list[BoxSpec], agents: list[AgentDemand], full_s: float, caps: str) -> list[Row]:
     """One edit at a time on a kept state, each checked against a full `place` of the edited inputs."""
     state = PlacementState(boxes, agents, CONFIG)
-    assert state.incremental, "every agent has a box: edits re-run only the agents they touch"
+    assert state.incremental or caps == "slots", (
+        "every agent has a box: edits re-run only the agents they touch"
+    )
     boxes, agents = list(boxes), list(agents)
     extra = new_box("box-new", boxes[0].model, caps)
     gone = boxes[len(boxes) // 3].id
@@ -372,7 +386,9 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=20000)
     parser.add_argument("--models", type=int, default=1, help="models the fleet is split over")
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per figure (the minimum)")
-    parser.add_argument("--caps", choices=["none", "kv"], default="none", help="caps that bind (docstring)")
+    parser.add_argument(
+        "--caps", choices=["none", "kv", "slots"], default="none", help="caps that bind (docstring)"
+    )
     parser.add_argument("--rss-variant", choices=["inputs", "baseline", "current"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_variant:

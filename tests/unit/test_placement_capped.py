@@ -160,3 +160,21 @@ def test_a_head_that_does_not_fit_whole_is_not_taken_in_part() -> None:
     walked, capped = passes(boxes, agents, config, {})
     assert capped == walked
     assert not walked[0]  # 3 agents x 2 boxes on 4 one-prefix boxes: someone is left without a box
+
+
+def test_a_full_fleet_still_takes_an_agent_whose_shared_prefix_a_box_holds() -> None:
+    """Every box's one prefix slot is taken and one agent is left without a box (coverage first), yet a
+    quieter agent sharing a held prefix still joins the box holding it: no box may take a new prefix, but
+    that one needs none."""
+    boxes = [box(i, "m1", None, 1) for i in range(2)]
+    agents = [
+        AgentDemand("busy", "m1", 100, calls_per_minute=300.0, group_size=1, prefix_hash="shared"),
+        AgentDemand("own", "m1", 100, calls_per_minute=200.0, group_size=1),
+        AgentDemand("left-out", "m1", 100, calls_per_minute=100.0, group_size=1),
+        AgentDemand("sharer", "m1", 100, calls_per_minute=50.0, group_size=1, prefix_hash="shared"),
+    ]
+    config = PlacementConfig(max_agents_per_box=4, hash_buckets=1)
+    got = place(boxes, agents, config)
+    assert got == baseline_place(boxes, agents, config)
+    assert got.groups["sharer"] == got.groups["busy"]
+    assert set(got.unplaced) == {"left-out"}
