@@ -77,7 +77,7 @@ def previous_st(
     }  # boxes repeat, are gone or serve another model
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     boxes=capped_boxes_st,
     agents=agents_st(),
@@ -123,7 +123,7 @@ def passes(
     return results
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     boxes=capped_boxes_st,
     agents=agents_st(),

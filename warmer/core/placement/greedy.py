@@ -52,51 +52,49 @@ class Fill:
 
     def track(self, index: BoxIndex) -> None:
         """Count, from here on, each model's boxes that may still take a prefix they do not hold, and the
-        boxes holding each prefix (for `can_gain`; kept by `take` only). Call on a fresh fill."""
+        boxes holding each prefix (kept by `take_tracked` only). Call on a fresh fill."""
         for box_id, held in self._held.items():
             if box_id in index:
                 held.open = True
                 self._open[held.model] = self._open.get(held.model, 0) + 1
 
-    def can_gain(self, agent: AgentDemand) -> bool:
-        """False when no box can take the agent (since `track`): none may take a new prefix and no box but
-        its own holds its prefix. Boxes only fill, so then none ever will: its walk can stop."""
-        if self._open.get(agent.model, 0) > 0:
-            return True
-        return self._holders.get(agent.prefix_key, 0) > len(self.chosen.get(agent.agent_id, ()))
-
-    def fits(self, agent: AgentDemand, box_id: str) -> bool:
-        if box_id in self.chosen.get(agent.agent_id, ()):
-            return False
-        held = self._held[box_id]
-        count = held.agents
-        if held.exclusive or count >= self._cap or (agent.agent_id in self._dedicated and count):
-            return False
-        if agent.prefix_key in held.prefixes:
-            return True  # the prefix is held here already: another agent sharing it costs no cache
-        if len(held.prefixes) >= held.prefix_limit:
-            return False
-        return held.tokens + agent.prefix_tokens <= held.token_limit
-
-    def take(self, agent: AgentDemand, box_id: str) -> int:
-        """Give the box to the agent; returns how many boxes the agent has now."""
-        chosen = self.chosen.setdefault(agent.agent_id, [])
-        chosen.append(box_id)
-        held = self._held[box_id]
-        held.agents += 1
-        prefix_key = agent.prefix_key
-        if prefix_key not in held.prefixes:
-            held.prefixes.add(prefix_key)
-            held.tokens += agent.prefix_tokens
-            self._holders[prefix_key] = self._holders.get(prefix_key, 0) + 1
-        if agent.agent_id in self._dedicated:
-            held.exclusive = True
-        if held.open and (
-            held.exclusive or held.agents >= self._cap or len(held.prefixes) >= held.prefix_limit
-        ):
-            held.open = False
-            self._open[held.model] -= 1
-        return len(chosen)
+    def take_tracked(self, agent: AgentDemand, candidates: Iterable[str], need: int) -> None:
+        """`take_first` while some box may still take the agent: one that may take a new prefix, or one
+        not the agent's holding its prefix (boxes only fill: once none may, none ever will, and the walk
+        stops instead of looking at every box of a full fleet). Keeps what `track` counts."""
+        aid, key, tokens, model = agent.agent_id, agent.prefix_key, agent.prefix_tokens, agent.model
+        dedicated, cap, boxes = aid in self._dedicated, self._cap, self._held
+        opened, holders = self._open, self._holders
+        chosen = self.chosen.get(aid)
+        taken = len(chosen) if chosen else 0
+        if taken >= need:
+            return
+        for box_id in candidates:
+            if opened.get(model, 0) <= 0 and holders.get(key, 0) <= taken:
+                return
+            held = boxes[box_id]
+            count = held.agents
+            if count >= cap or held.exclusive or (dedicated and count) or (chosen and box_id in chosen):
+                continue
+            holds = held.prefixes
+            if key not in holds:
+                if len(holds) >= held.prefix_limit or held.tokens + tokens > held.token_limit:
+                    continue
+                holds.add(key)
+                held.tokens += tokens
+                holders[key] = holders.get(key, 0) + 1
+            held.agents = count = count + 1
+            if dedicated:
+                held.exclusive = True
+            if held.open and (held.exclusive or count >= cap or len(holds) >= held.prefix_limit):
+                held.open = False
+                opened[model] -= 1
+            if chosen is None:
+                chosen = self.chosen[aid] = []
+            chosen.append(box_id)
+            taken += 1
+            if taken >= need:
+                return  # before the next candidate: the spill room walks on from there
 
     def take_first(
         self,
@@ -106,7 +104,7 @@ class Fill:
         examined: list[str] | None = None,
         skip: Collection[str] = (),
     ) -> int:
-        """`fits` then `take` over the candidates in order until the agent has `need` boxes; returns how
+        """Each candidate that fits, in order, until the agent has `need` boxes; returns how
         many it has. One call per agent with the checks inlined: the single pass runs this 20,000 times."""
         aid, key, tokens = agent.agent_id, agent.prefix_key, agent.prefix_tokens
         dedicated, cap, boxes = aid in self._dedicated, self._cap, self._held
@@ -242,11 +240,7 @@ def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, Unp
 
     def cover(agent: AgentDemand, candidates: Iterator[str] | list[str]) -> None:
         first_pass = demand.wanted[agent.agent_id] if agent.agent_id in demand.dedicated else 1
-        for box_id in candidates:
-            if not fill.can_gain(agent):
-                return
-            if fill.fits(agent, box_id) and fill.take(agent, box_id) >= first_pass:
-                return
+        fill.take_tracked(agent, candidates, first_pass)
 
     pushed_out: list[AgentDemand] = []
     for agent in placeable:
@@ -265,11 +259,7 @@ def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, Unp
             unplaced[agent.agent_id] = UnplacedReason.CAPACITY
             continue
         need = demand.wanted[agent.agent_id]
-        for box_id in _chain(demand.incumbents[agent.agent_id], rankings[agent.agent_id]):
-            if len(chosen) >= need or not fill.can_gain(agent):
-                break
-            if box_id not in chosen and fill.fits(agent, box_id):
-                fill.take(agent, box_id)
+        fill.take_tracked(agent, _chain(demand.incumbents[agent.agent_id], rankings[agent.agent_id]), need)
     return unplaced
 
 
