@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from bench.baseline_greedy import place as baseline_place
 from tests.unit.placement_boxes import box
 from warmer.core.model import BoxSpec
-from warmer.core.placement import AgentDemand, PlacementConfig, place
+from warmer.core.placement import AgentDemand, PlacementConfig, PlacementState, place
 from warmer.core.placement.demand import Step, prepare
 from warmer.core.placement.greedy import Fill, capped_pass, index_boxes, single_pass
 
@@ -178,3 +178,17 @@ def test_a_full_fleet_still_takes_an_agent_whose_shared_prefix_a_box_holds() -> 
     assert got == baseline_place(boxes, agents, config)
     assert got.groups["sharer"] == got.groups["busy"]
     assert set(got.unplaced) == {"left-out"}
+
+
+def test_a_fleet_with_exactly_enough_slots_is_placed_in_one_pass() -> None:
+    """As many distinct prefixes as prefix slots: every agent can still get a box, so the single pass runs
+    (and the state stays incremental) instead of coverage first."""
+    boxes = [box(i, "m1", None, 1) for i in range(2)]
+    agents = [AgentDemand(f"a{i}", "m1", 100, calls_per_minute=5.0 * i, group_size=1) for i in range(2)]
+    config = PlacementConfig(max_agents_per_box=4, hash_buckets=1)
+    state = PlacementState(boxes, agents, config)
+    assert state.incremental
+    assert state.placement() == baseline_place(boxes, agents, config)
+    assert sorted(b for g in state.placement().groups.values() for b in g) == ["b0", "b1"]
+    agents.append(AgentDemand("a2", "m1", 100, group_size=1))  # one prefix more than slots: short
+    assert not PlacementState(boxes, agents, config).incremental

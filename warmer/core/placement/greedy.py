@@ -263,6 +263,31 @@ def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, Unp
     return unplaced
 
 
+def _short(demand: Demand, spec: Mapping[str, BoxSpec], index: BoxIndex, config: PlacementConfig) -> bool:
+    """Whether some model's boxes cannot give each of its agents one box: more agents than their agent caps
+    allow, or more distinct prefixes than their prefix caps hold. Then the single pass would fail (an agent
+    with a box puts its prefix on it) and coverage comes first at once, without running it to that agent."""
+    agents: dict[str, int] = {}
+    prefixes: dict[str, set[str]] = {}
+    for agent in demand.ordered:
+        if agent.agent_id in demand.incumbents:
+            agents[agent.model] = agents.get(agent.model, 0) + 1
+            prefixes.setdefault(agent.model, set()).add(agent.prefix_key)
+    room: dict[str, int] = {}
+    slots: dict[str, int | None] = {}
+    for box_id, box in spec.items():
+        if box_id in index:
+            room[box.model] = room.get(box.model, 0) + config.max_agents_per_box
+            held = slots.get(box.model, 0)
+            limit = box.prefix_capacity
+            slots[box.model] = None if held is None or limit is None else held + limit
+    for model, count in agents.items():
+        limit = slots.get(model)
+        if count > room.get(model, 0) or (limit is not None and len(prefixes[model]) > limit):
+            return True
+    return False
+
+
 def _chain(first: Sequence[str], rest: Iterator[str]) -> Iterator[str]:
     yield from first
     yield from rest
@@ -332,7 +357,7 @@ def place_indexed(
         if trace is not None:
             trace.clear()
         fill = Fill(spec, config, demand.dedicated)
-        single = capped_pass(demand, index, fill, trace)
+        single = not _short(demand, spec, index, config) and capped_pass(demand, index, fill, trace)
         if not single:
             if trace is not None:
                 trace.clear()
