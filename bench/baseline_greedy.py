@@ -1,6 +1,7 @@
-"""The placement as it was before the capped pass (`greedy.capped_pass`, one record per box in `Fill`): the
-baseline `bench.plan_scale --caps` measures the current `place` against, and checks it gives the same
-placement. Kept verbatim from warmer/core/placement/greedy.py at 7410853 apart from this docstring."""
+"""The placement as it was before the work on capped fleets (one record per box in `Fill`, coverage first at
+once on a short fleet, walks stopped when no box can take the agent): the baseline `bench.plan_scale --caps`
+measures the current `place` against, and checks it gives the same placement. Kept verbatim from
+warmer/core/placement/greedy.py at 7410853 apart from this docstring."""
 
 from __future__ import annotations
 

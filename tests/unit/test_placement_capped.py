@@ -1,10 +1,10 @@
-"""The capped pass (`greedy.capped_pass`, with one record per box in `Fill`) gives exactly what placement gave
-before it (`bench.baseline_greedy`, kept verbatim) on fleets where prefix and token caps bind: the same
-groups, unplaced agents and, for the incremental state, the same steps as the walk of `single_pass`."""
+"""Placement where prefix and token caps bind (one record per box in `Fill`; coverage first at once on a short
+fleet, its walks stopped when no box can take the agent) gives exactly what it gave before
+(`bench.baseline_greedy`, kept verbatim): the same groups and unplaced agents."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -13,8 +13,6 @@ from bench.baseline_greedy import place as baseline_place
 from tests.unit.placement_boxes import box
 from warmer.core.model import BoxSpec
 from warmer.core.placement import AgentDemand, PlacementConfig, PlacementState, place
-from warmer.core.placement.demand import Step, prepare
-from warmer.core.placement.greedy import Fill, capped_pass, index_boxes, single_pass
 
 MODELS = ("m1", "m2")
 
@@ -102,64 +100,6 @@ def test_placement_on_capped_fleets_equals_the_previous_algorithm(
     got = place(boxes, agents, config, previous=previous)
     assert got == baseline_place(boxes, agents, config, previous=previous)
     event("some agent short or unplaced" if got.unplaced or got.short() else "every agent whole")
-
-
-def passes(
-    boxes: Sequence[BoxSpec],
-    agents: Sequence[AgentDemand],
-    config: PlacementConfig,
-    previous: Mapping[str, Sequence[str]],
-) -> list[tuple[bool, dict[str, tuple[str, ...]], dict[str, Step]]]:
-    """What the walk (`single_pass`) and the capped pass give: whether every agent got a box, the groups
-    and each agent's step."""
-    results = []
-    for single in (single_pass, capped_pass):
-        index, spec = index_boxes(boxes, None, config.hash_buckets)
-        demand = prepare(agents, config, spec, index, previous)
-        fill = Fill(spec, config, demand.dedicated)
-        trace: dict[str, Step] = {}
-        complete = single(demand, index, fill, trace)
-        results.append((complete, fill.groups(), trace))
-    return results
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    boxes=capped_boxes_st,
-    agents=agents_st(),
-    cap=st.integers(min_value=1, max_value=10),
-    buckets=st.sampled_from([1, 3, 64]),
-    dedicated=st.one_of(st.none(), st.none(), st.just(250.0)),
-    data=st.data(),
-)
-def test_the_capped_pass_takes_the_steps_the_walk_takes(
-    boxes: list[BoxSpec],
-    agents: list[AgentDemand],
-    cap: int,
-    buckets: int,
-    dedicated: float | None,
-    data: st.DataObject,
-) -> None:
-    agents = with_sizes_fixed(agents)
-    config = PlacementConfig(
-        max_agents_per_box=cap, hash_buckets=buckets, dedicated_calls_per_minute=dedicated
-    )
-    walked, capped = passes(boxes, agents, config, previous_st(data, boxes, agents))
-    assert capped[0] == walked[0]
-    if walked[0]:  # the steps of a pass that stopped early (an agent without a box) are not kept
-        assert capped[1:] == walked[1:]
-    event("single pass" if walked[0] else "coverage first")
-
-
-def test_a_head_that_does_not_fit_whole_is_not_taken_in_part() -> None:
-    """A prefix cap full on the second box of an agent's head: the agent walks on, and the first box it
-    checked is not given to it twice."""
-    boxes = [box(i, "m1", None, 1) for i in range(4)]
-    agents = [AgentDemand(f"a{i}", "m1", 100, group_size=2) for i in range(3)]
-    config = PlacementConfig(max_agents_per_box=4, hash_buckets=1)
-    walked, capped = passes(boxes, agents, config, {})
-    assert capped == walked
-    assert not walked[0]  # 3 agents x 2 boxes on 4 one-prefix boxes: someone is left without a box
 
 
 def test_a_full_fleet_still_takes_an_agent_whose_shared_prefix_a_box_holds() -> None:

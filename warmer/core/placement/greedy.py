@@ -134,32 +134,6 @@ class Fill:
                 break
         return len(chosen) if chosen else 0
 
-    def take_all(self, agent: AgentDemand, boxes: list[str]) -> bool:
-        """Give the agent every one of these distinct boxes if each fits (what `take_first` over them does
-        then), else change nothing; whether it took them. The agent has no box yet."""
-        key, tokens = agent.prefix_key, agent.prefix_tokens
-        dedicated, cap, records = agent.agent_id in self._dedicated, self._cap, self._held
-        helds = [records[box_id] for box_id in boxes]
-        for held in helds:
-            count = held.agents
-            if count >= cap or held.exclusive or (dedicated and count):
-                return False
-            holds = held.prefixes
-            if key not in holds and (
-                len(holds) >= held.prefix_limit or held.tokens + tokens > held.token_limit
-            ):
-                return False
-        for held in helds:
-            held.agents += 1
-            holds = held.prefixes
-            if key not in holds:
-                holds.add(key)
-                held.tokens += tokens
-            if dedicated:
-                held.exclusive = True
-        self.chosen[agent.agent_id] = list(boxes)
-        return True
-
     def groups(self) -> dict[str, tuple[str, ...]]:
         return {agent_id: tuple(chosen) for agent_id, chosen in self.chosen.items() if chosen}
 
@@ -192,40 +166,6 @@ def turn(
         step.chosen, step.complete = list(fill.chosen.get(aid, ())), took == need
         trace[aid] = step
     return bool(took)
-
-
-def capped_pass(demand: Demand, index: BoxIndex, fill: Fill, trace: dict[str, Step] | None = None) -> bool:
-    """`single_pass` exactly (the same fill, groups and steps) where prefix or token caps can bind, faster.
-
-    Why it is exact: a box's fit depends only on what earlier agents left in it, not on the other boxes this
-    agent takes (they are distinct). So where every box of the agent's head (its boxes now, then the first
-    boxes of its best bucket's ranking, as `counted` takes them) fits, its walk would have taken exactly that
-    head and stopped: the head's boxes are checked once and taken, with no walk. Otherwise the agent walks as
-    in `single_pass`, against the same fill. At fleet scale nearly every agent takes its head; the walk
-    (generators over the ranking, every check per box) was most of a capped placement's CPU."""
-    seeds, wanted, incumbents = demand.seeds, demand.wanted, demand.incumbents
-    for agent in demand.ordered:
-        aid = agent.agent_id
-        mine = incumbents.get(aid)
-        if mine is None:
-            continue  # no box serves its model
-        need = wanted[aid]
-        entered: list[int] = []
-        head: list[str] | None
-        if len(mine) > 1 and len(set(mine)) < len(mine):
-            head = None  # a repeated box is skipped the second time: the walk knows how
-        elif len(mine) >= need:
-            head = mine[:need]
-        else:
-            head = index.head(aid, seeds[aid], agent.model, need - len(mine), mine, entered)
-            if head is not None and mine:
-                head = [*mine, *head]
-        if head is not None and fill.take_all(agent, head):
-            if trace is not None:
-                trace[aid] = Step(list(head), list(head), entered, True)
-        elif not turn(demand, index, fill, agent, trace):
-            return False
-    return True
 
 
 def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, UnplacedReason]:
@@ -357,7 +297,7 @@ def place_indexed(
         if trace is not None:
             trace.clear()
         fill = Fill(spec, config, demand.dedicated)
-        single = not _short(demand, spec, index, config) and capped_pass(demand, index, fill, trace)
+        single = not _short(demand, spec, index, config) and single_pass(demand, index, fill, trace)
         if not single:
             if trace is not None:
                 trace.clear()
