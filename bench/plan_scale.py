@@ -9,7 +9,18 @@ machine), the minimum over `--repeats` runs alternating with the baseline. Resul
 baseline's before any figure is printed. Peak RSS comes from `resource.getrusage` in a fresh subprocess per
 variant; traced peak from `tracemalloc` (run separately: tracing slows allocation-heavy code several-fold).
 
-Run: python -m bench.plan_scale [--boxes 5000] [--agents 20000] [--models 1] [--repeats 3]
+`--caps kv` runs the same steps on a fleet where prefix and token caps bind, as on llama.cpp boxes: each box
+runs `--parallel` 8, 12 or 16 slots (`prefix_capacity`, in turn by box) sharing one 32,768-token KV pool
+(`cache_capacity_tokens`). A box holds ~8 agents of ~3,500 prefix tokens on average (~28,600 tokens), so the
+token cap refuses the busier boxes and the 8-slot cap a third of them, while every agent still finds its whole
+group: the single pass with every cap checked (`greedy.single_pass`), not the pass by counts. Its placement
+baseline is the placement as it was before the capped pass (`bench.baseline_greedy`, kept verbatim), checked
+equal. `--caps slots` gives each box llama.cpp's usual 2, 3 or 4 slots (in turn) and no token cap: 5,000 boxes
+then hold 15,000 prefixes for 20,000 agents with their own prefixes wanting 40,800 memberships, so the fleet
+is short and coverage comes first (`greedy.coverage_first`): every agent that can get a box gets one, the
+rest are reported unplaced; `PlacementState` re-places in full after every edit there.
+
+Run: python -m bench.plan_scale [--boxes 5000] [--agents 20000] [--models 1] [--repeats 3] [--caps kv]
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
+from bench.baseline_greedy import place as baseline_greedy_place
 from bench.baseline_placement import baseline_place
 from bench.baseline_planner import baseline_plan
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile, WarmRecord, WarmState
@@ -60,9 +72,35 @@ CONFIG = PlacementConfig(
 NOW = 10_000.0
 
 
-def new_box(i: int | str, model: str) -> BoxSpec:
+KV_SLOTS = (8, 12, 16)  # --caps kv: llama.cpp --parallel per box, in turn
+KV_POOL_TOKENS = 32_768  # --caps kv: one llama.cpp KV pool (--ctx-size), shared by the box's slots
+
+
+def new_box(i: int | str, model: str, caps: str = "none") -> BoxSpec:
+    box_id = f"box-{i:05d}" if isinstance(i, int) else i
+    if caps == "slots":
+        slots = 2 + (i if isinstance(i, int) else 0) % 3
+        return BoxSpec(
+            id=box_id,
+            base_url="http://10.0.0.1:8080",
+            engine=EngineKind.LLAMACPP,
+            model=model,
+            slots=slots,
+            prefix_capacity=slots,
+        )
+    if caps == "kv":
+        slots = KV_SLOTS[i % len(KV_SLOTS)] if isinstance(i, int) else KV_SLOTS[0]
+        return BoxSpec(
+            id=box_id,
+            base_url="http://10.0.0.1:8080",
+            engine=EngineKind.LLAMACPP,
+            model=model,
+            slots=slots,
+            prefix_capacity=slots,
+            cache_capacity_tokens=KV_POOL_TOKENS,
+        )
     return BoxSpec(
-        id=f"box-{i:05d}" if isinstance(i, int) else i,
+        id=box_id,
         base_url="http://10.0.0.1:8000",
         engine=EngineKind.VLLM,
         model=model,
@@ -71,9 +109,11 @@ def new_box(i: int | str, model: str) -> BoxSpec:
     )
 
 
-def fleet(n_boxes: int, n_agents: int, n_models: int) -> tuple[list[BoxSpec], list[AgentDemand]]:
+def fleet(
+    n_boxes: int, n_agents: int, n_models: int, caps: str = "none"
+) -> tuple[list[BoxSpec], list[AgentDemand]]:
     models = [f"model-{m}" for m in range(n_models)]
-    boxes = [new_box(i, models[i % len(models)]) for i in range(n_boxes)]
+    boxes = [new_box(i, models[i % len(models)], caps) for i in range(n_boxes)]
     agents = [
         AgentDemand(
             f"agent-{i:05d}",
@@ -162,15 +202,16 @@ def rss_child(args: argparse.Namespace, variant: str) -> float:
     process builds anything: Linux carries the parent's RSS at fork into the child's `ru_maxrss`."""
     command = [sys.executable, "-m", "bench.plan_scale", "--rss-variant", variant]
     command += ["--boxes", str(args.boxes), "--agents", str(args.agents), "--models", str(args.models)]
+    command += ["--caps", args.caps]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return float(json.loads(out)["maxrss_mib"])
 
 
 def run_variant(args: argparse.Namespace) -> None:
-    boxes, agents = fleet(args.boxes, args.agents, args.models)
+    boxes, agents = fleet(args.boxes, args.agents, args.models, args.caps)
     kept: list[object] = []
     if args.rss_variant == "baseline":
-        placed = baseline_place(boxes, agents, CONFIG)
+        placed = previous_place(args.caps)(boxes, agents, CONFIG)
         kept.append(baseline_plan(*world(boxes, agents, dict(placed.groups)), NOW, PlannerConfig()))
     elif args.rss_variant == "current":
         state = PlacementState(boxes, agents, CONFIG)  # kept: rankings, steps, takers
@@ -186,11 +227,19 @@ def run_variant(args: argparse.Namespace) -> None:
 Row = tuple[str, float, float, str]  # step, CPU s, baseline CPU s, what the baseline is
 
 
-def full_steps(boxes: list[BoxSpec], agents: list[AgentDemand], repeats: int) -> tuple[list[Row], Placement]:
+def previous_place(caps: str) -> Callable[[list[BoxSpec], list[AgentDemand], PlacementConfig], Placement]:
+    """The placement baseline: before the planning-at-scale work, or (caps binding) before the capped pass."""
+    return baseline_greedy_place if caps != "none" else baseline_place
+
+
+def full_steps(
+    boxes: list[BoxSpec], agents: list[AgentDemand], repeats: int, caps: str
+) -> tuple[list[Row], Placement]:
+    baseline = previous_place(caps)
     placement, new_s, old_s = paired(
-        lambda: place(boxes, agents, CONFIG), lambda: baseline_place(boxes, agents, CONFIG), repeats
+        lambda: place(boxes, agents, CONFIG), lambda: baseline(boxes, agents, CONFIG), repeats
     )
-    assert placement == baseline_place(boxes, agents, CONFIG), "placement differs from the baseline"
+    assert placement == baseline(boxes, agents, CONFIG), "placement differs from the baseline"
     _, batched_s, lazy_s = paired(
         lambda: place(boxes, agents, CONFIG), lambda: place_one_at_a_time(boxes, agents), repeats
     )
@@ -221,11 +270,14 @@ def full_steps(boxes: list[BoxSpec], agents: list[AgentDemand], repeats: int) ->
     return rows, placement
 
 
-def edit_steps(boxes: list[BoxSpec], agents: list[AgentDemand], full_s: float) -> list[Row]:
+def edit_steps(boxes: list[BoxSpec], agents: list[AgentDemand], full_s: float, caps: str) -> list[Row]:
     """One edit at a time on a kept state, each checked against a full `place` of the edited inputs."""
     state = PlacementState(boxes, agents, CONFIG)
+    assert state.incremental or caps == "slots", (
+        "every agent has a box: edits re-run only the agents they touch"
+    )
     boxes, agents = list(boxes), list(agents)
-    extra = new_box("box-new", boxes[0].model)
+    extra = new_box("box-new", boxes[0].model, caps)
     gone = boxes[len(boxes) // 3].id
     busier = dataclasses.replace(agents[7], calls_per_minute=150.0)
     newcomer = AgentDemand("agent-new", agents[0].model, 2500, calls_per_minute=45.0)
@@ -287,7 +339,8 @@ def rss_rows(args: argparse.Namespace) -> list[tuple[str, float, float]]:
     ]
 
 
-def memory_rows(boxes: list[BoxSpec], agents: list[AgentDemand]) -> list[tuple[str, float, float]]:
+def memory_rows(boxes: list[BoxSpec], agents: list[AgentDemand], caps: str) -> list[tuple[str, float, float]]:
+    baseline_place = previous_place(caps)
     placed = place(boxes, agents, CONFIG)
     desired, observed = world(boxes, agents, dict(placed.groups))
     return [
@@ -310,11 +363,11 @@ def memory_rows(boxes: list[BoxSpec], agents: list[AgentDemand]) -> list[tuple[s
 
 
 def stability(
-    boxes: list[BoxSpec], agents: list[AgentDemand], placement: Placement, per_model: float
+    boxes: list[BoxSpec], agents: list[AgentDemand], placement: Placement, per_model: float, caps: str
 ) -> None:
     removed_id = boxes[len(boxes) // 3].id
     without = place([b for b in boxes if b.id != removed_id], agents, CONFIG)
-    with_extra = place([*boxes, new_box("box-new", boxes[0].model)], agents, CONFIG)
+    with_extra = place([*boxes, new_box("box-new", boxes[0].model, caps)], agents, CONFIG)
     remove_move = movement(placement.groups, without.groups)
     add_move = movement(placement.groups, with_extra.groups)
     removed_share = sum(removed_id in g for g in placement.groups.values()) / remove_move.memberships_before
@@ -333,21 +386,25 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=20000)
     parser.add_argument("--models", type=int, default=1, help="models the fleet is split over")
     parser.add_argument("--repeats", type=int, default=3, help="alternating runs per figure (the minimum)")
+    parser.add_argument(
+        "--caps", choices=["none", "kv", "slots"], default="none", help="caps that bind (docstring)"
+    )
     parser.add_argument("--rss-variant", choices=["inputs", "baseline", "current"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_variant:
         run_variant(args)
         return
     rss = rss_rows(args)
-    boxes, agents = fleet(args.boxes, args.agents, args.models)
-    rows, placement = full_steps(boxes, agents, args.repeats)
+    boxes, agents = fleet(args.boxes, args.agents, args.models, args.caps)
+    rows, placement = full_steps(boxes, agents, args.repeats, args.caps)
     full_place_s, full_plan_s = rows[0][1], rows[4][1]
-    rows += edit_steps(boxes, agents, full_place_s)
+    rows += edit_steps(boxes, agents, full_place_s, args.caps)
     rows.append(replan_step(placement, boxes, agents, full_plan_s))
     load = Counter(b for g in placement.groups.values() for b in g)
     memberships = sum(load.values())
     print(
-        f"boxes={args.boxes} agents={args.agents} models={args.models} memberships={memberships}"
+        f"boxes={args.boxes} agents={args.agents} models={args.models} caps={args.caps}"
+        f" memberships={memberships}"
         f" unplaced={len(placement.unplaced)} short={len(placement.short())}"
         f" agents/box max={max(load.values())} mean={memberships / len(load):.1f}; results checked equal"
     )
@@ -361,10 +418,10 @@ def main() -> None:
     print()
     print(f"| {'memory':<52} | {'MiB':>7} | {'baseline MiB':>12} | {'ratio':>6} |")
     print(f"|{'-' * 54}|{'-' * 9}|{'-' * 14}|{'-' * 8}|")
-    for name, mib, base_mib in rss + memory_rows(boxes, agents):
+    for name, mib, base_mib in rss + memory_rows(boxes, agents, args.caps):
         print(f"| {name:<52} | {mib:>7.1f} | {base_mib:>12.1f} | {mib / base_mib:>6.2f} |")
     print()
-    stability(boxes, agents, placement, args.boxes / args.models)
+    stability(boxes, agents, placement, args.boxes / args.models, args.caps)
 
 
 if __name__ == "__main__":

@@ -17,48 +17,84 @@ from warmer.core.placement.demand import Demand, Position, Step, prepare
 from warmer.core.placement.ranking import BoxIndex
 from warmer.core.placement.types import AgentDemand, Placement, PlacementConfig, UnplacedReason
 
+_NO_LIMIT = 1 << 62  # a cap not known: larger than any count of prefixes or tokens
+
+
+class _Held:
+    """One box in a placement in progress: its agents, its distinct prefixes and their tokens, its caps."""
+
+    __slots__ = ("agents", "exclusive", "model", "open", "prefix_limit", "prefixes", "token_limit", "tokens")
+
+    def __init__(self, box: BoxSpec) -> None:
+        self.model = box.model
+        self.open = False  # counted in `Fill`'s open boxes of its model (only while tracking)
+        self.agents = 0
+        self.tokens = 0
+        self.prefixes: set[str] = set()
+        self.exclusive = False  # a dedicated agent took it: it serves that agent alone
+        self.prefix_limit = box.prefix_capacity if box.prefix_capacity is not None else _NO_LIMIT
+        self.token_limit = box.cache_capacity_tokens if box.cache_capacity_tokens is not None else _NO_LIMIT
+
 
 class Fill:
-    """What a placement in progress has given each box: agents, distinct prefixes and their tokens."""
+    """What a placement in progress has given each box: agents, distinct prefixes and their tokens.
+
+    One record per box (`_Held`), so a check costs one lookup by box id: the checks are most of a capped
+    placement's CPU."""
 
     def __init__(self, spec: Mapping[str, BoxSpec], config: PlacementConfig, dedicated: Collection[str]):
-        self._spec = spec
         self._cap = config.max_agents_per_box
         self._dedicated = dedicated
-        self._agents: dict[str, int] = {}
-        self._tokens: dict[str, int] = {}
-        self._prefixes: dict[str, set[str]] = {}
-        self._exclusive: set[str] = set()
+        self._held = {box_id: _Held(box) for box_id, box in spec.items()}
         self.chosen: dict[str, list[str]] = {}
+        self._open: dict[str, int] = {}  # model -> its boxes that may still take a new prefix (`track`)
+        self._holders: dict[str, int] = {}  # prefix -> boxes holding it (`track`)
 
-    def fits(self, agent: AgentDemand, box_id: str) -> bool:
-        if box_id in self.chosen.get(agent.agent_id, ()):
-            return False
-        count = self._agents.get(box_id, 0)
-        if box_id in self._exclusive or count >= self._cap or (agent.agent_id in self._dedicated and count):
-            return False
-        holds = self._prefixes.get(box_id)
-        if holds is not None and agent.prefix_key in holds:
-            return True  # the prefix is held here already: another agent sharing it costs no cache
-        box = self._spec[box_id]
-        if box.prefix_capacity is not None and len(holds or ()) >= box.prefix_capacity:
-            return False
-        capacity = box.cache_capacity_tokens
-        return capacity is None or self._tokens.get(box_id, 0) + agent.prefix_tokens <= capacity
+    def track(self, index: BoxIndex) -> None:
+        """Count, from here on, each model's boxes that may still take a prefix they do not hold, and the
+        boxes holding each prefix (kept by `take_tracked` only). Call on a fresh fill."""
+        for box_id, held in self._held.items():
+            if box_id in index:
+                held.open = True
+                self._open[held.model] = self._open.get(held.model, 0) + 1
 
-    def take(self, agent: AgentDemand, box_id: str) -> int:
-        """Give the box to the agent; returns how many boxes the agent has now."""
-        chosen = self.chosen.setdefault(agent.agent_id, [])
-        chosen.append(box_id)
-        self._agents[box_id] = self._agents.get(box_id, 0) + 1
-        holds = self._prefixes.setdefault(box_id, set())
-        prefix_key = agent.prefix_key
-        if prefix_key not in holds:
-            holds.add(prefix_key)
-            self._tokens[box_id] = self._tokens.get(box_id, 0) + agent.prefix_tokens
-        if agent.agent_id in self._dedicated:
-            self._exclusive.add(box_id)
-        return len(chosen)
+    def take_tracked(self, agent: AgentDemand, candidates: Iterable[str], need: int) -> None:
+        """`take_first` while some box may still take the agent: one that may take a new prefix, or one
+        not the agent's holding its prefix (boxes only fill: once none may, none ever will, and the walk
+        stops instead of looking at every box of a full fleet). Keeps what `track` counts."""
+        aid, key, tokens, model = agent.agent_id, agent.prefix_key, agent.prefix_tokens, agent.model
+        dedicated, cap, boxes = aid in self._dedicated, self._cap, self._held
+        opened, holders = self._open, self._holders
+        chosen = self.chosen.get(aid)
+        taken = len(chosen) if chosen else 0
+        if taken >= need:
+            return
+        for box_id in candidates:
+            if opened.get(model, 0) <= 0 and holders.get(key, 0) <= taken:
+                return
+            held = boxes[box_id]
+            count = held.agents
+            if count >= cap or held.exclusive or (dedicated and count) or (chosen and box_id in chosen):
+                continue
+            holds = held.prefixes
+            if key not in holds:
+                if len(holds) >= held.prefix_limit or held.tokens + tokens > held.token_limit:
+                    continue
+                holds.add(key)
+                held.tokens += tokens
+                holders[key] = holders.get(key, 0) + 1
+            held.agents = count = count + 1
+            if dedicated:
+                held.exclusive = True
+            if held.open and (held.exclusive or count >= cap or len(holds) >= held.prefix_limit):
+                held.open = False
+                opened[model] -= 1
+            if chosen is None:
+                chosen = self.chosen[aid] = []
+            chosen.append(box_id)
+            taken += 1
+            if taken >= need:
+                return  # before the next candidate: the spill room walks on from there
 
     def take_first(
         self,
@@ -68,36 +104,29 @@ class Fill:
         examined: list[str] | None = None,
         skip: Collection[str] = (),
     ) -> int:
-        """`fits` then `take` over the candidates in order until the agent has `need` boxes; returns how
+        """Each candidate that fits, in order, until the agent has `need` boxes; returns how
         many it has. One call per agent with the checks inlined: the single pass runs this 20,000 times."""
         aid, key, tokens = agent.agent_id, agent.prefix_key, agent.prefix_tokens
-        dedicated, cap, spec = aid in self._dedicated, self._cap, self._spec
-        counts, held_tokens, prefixes, exclusive = self._agents, self._tokens, self._prefixes, self._exclusive
+        dedicated, cap, boxes = aid in self._dedicated, self._cap, self._held
         chosen = self.chosen.get(aid)
         for box_id in candidates:
             if skip and box_id in skip:
                 continue
             if examined is not None:
                 examined.append(box_id)
-            count = counts.get(box_id, 0)
-            if count >= cap or box_id in exclusive or (dedicated and count) or (chosen and box_id in chosen):
+            held = boxes[box_id]
+            count = held.agents
+            if count >= cap or held.exclusive or (dedicated and count) or (chosen and box_id in chosen):
                 continue
-            holds = prefixes.get(box_id)
-            if holds is None or key not in holds:
-                box = spec[box_id]
-                limit = box.prefix_capacity
-                if limit is not None and holds is not None and len(holds) >= limit:
+            holds = held.prefixes
+            if key not in holds:
+                if len(holds) >= held.prefix_limit or held.tokens + tokens > held.token_limit:
                     continue
-                now = held_tokens.get(box_id, 0)
-                if box.cache_capacity_tokens is not None and now + tokens > box.cache_capacity_tokens:
-                    continue
-                if holds is None:
-                    holds = prefixes[box_id] = set()
                 holds.add(key)
-                held_tokens[box_id] = now + tokens
-            counts[box_id] = count + 1
+                held.tokens += tokens
+            held.agents = count + 1
             if dedicated:
-                exclusive.add(box_id)
+                held.exclusive = True
             if chosen is None:
                 chosen = self.chosen[aid] = []
             chosen.append(box_id)
@@ -114,23 +143,29 @@ def single_pass(demand: Demand, index: BoxIndex, fill: Fill, trace: dict[str, St
     pass in turn order is the answer, each agent's boxes it has first. False when some agent got no box
     (then coverage comes first, `coverage_first`)."""
     for agent in demand.ordered:
-        aid = agent.agent_id
-        mine = demand.incumbents.get(aid)
-        if mine is None:
-            continue
-        step = Step() if trace is not None else None
-        examined = step.examined if step is not None else None
-        need = demand.wanted[aid]
-        took = fill.take_first(agent, mine, need, examined) if mine else 0
-        if took < need:
-            walk = index.walk(aid, demand.seeds[aid], agent.model, step.entered if step is not None else None)
-            took = fill.take_first(agent, walk, need, examined, skip=mine)
-        if step is not None and trace is not None:
-            step.chosen, step.complete = list(fill.chosen.get(aid, ())), took == need
-            trace[aid] = step
-        if not took:
+        if agent.agent_id in demand.incumbents and not turn(demand, index, fill, agent, trace):
             return False
     return True
+
+
+def turn(
+    demand: Demand, index: BoxIndex, fill: Fill, agent: AgentDemand, trace: dict[str, Step] | None
+) -> bool:
+    """One placeable agent's turn of the single pass: its boxes first, then its ranking; whether it got a
+    box. `trace`, when given, receives its step."""
+    aid = agent.agent_id
+    mine = demand.incumbents[aid]
+    step = Step() if trace is not None else None
+    examined = step.examined if step is not None else None
+    need = demand.wanted[aid]
+    took = fill.take_first(agent, mine, need, examined) if mine else 0
+    if took < need:
+        walk = index.walk(aid, demand.seeds[aid], agent.model, step.entered if step is not None else None)
+        took = fill.take_first(agent, walk, need, examined, skip=mine)
+    if step is not None and trace is not None:
+        step.chosen, step.complete = list(fill.chosen.get(aid, ())), took == need
+        trace[aid] = step
+    return bool(took)
 
 
 def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, UnplacedReason]:
@@ -141,11 +176,11 @@ def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, Unp
     placeable = [agent for agent in demand.ordered if agent.agent_id in demand.incumbents]
     rankings = {agent.agent_id: demand.ranking(index, agent) for agent in placeable}
 
+    fill.track(index)  # where the fleet is short, most walks would look at every box and take none
+
     def cover(agent: AgentDemand, candidates: Iterator[str] | list[str]) -> None:
         first_pass = demand.wanted[agent.agent_id] if agent.agent_id in demand.dedicated else 1
-        for box_id in candidates:
-            if fill.fits(agent, box_id) and fill.take(agent, box_id) >= first_pass:
-                return
+        fill.take_tracked(agent, candidates, first_pass)
 
     pushed_out: list[AgentDemand] = []
     for agent in placeable:
@@ -164,12 +199,33 @@ def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, Unp
             unplaced[agent.agent_id] = UnplacedReason.CAPACITY
             continue
         need = demand.wanted[agent.agent_id]
-        for box_id in _chain(demand.incumbents[agent.agent_id], rankings[agent.agent_id]):
-            if len(chosen) >= need:
-                break
-            if box_id not in chosen and fill.fits(agent, box_id):
-                fill.take(agent, box_id)
+        fill.take_tracked(agent, _chain(demand.incumbents[agent.agent_id], rankings[agent.agent_id]), need)
     return unplaced
+
+
+def _short(demand: Demand, spec: Mapping[str, BoxSpec], index: BoxIndex, config: PlacementConfig) -> bool:
+    """Whether some model's boxes cannot give each of its agents one box: more agents than their agent caps
+    allow, or more distinct prefixes than their prefix caps hold. Then the single pass would fail (an agent
+    with a box puts its prefix on it) and coverage comes first at once, without running it to that agent."""
+    agents: dict[str, int] = {}
+    prefixes: dict[str, set[str]] = {}
+    for agent in demand.ordered:
+        if agent.agent_id in demand.incumbents:
+            agents[agent.model] = agents.get(agent.model, 0) + 1
+            prefixes.setdefault(agent.model, set()).add(agent.prefix_key)
+    room: dict[str, int] = {}
+    slots: dict[str, int | None] = {}
+    for box_id, box in spec.items():
+        if box_id in index:
+            room[box.model] = room.get(box.model, 0) + config.max_agents_per_box
+            held = slots.get(box.model, 0)
+            limit = box.prefix_capacity
+            slots[box.model] = None if held is None or limit is None else held + limit
+    for model, count in agents.items():
+        limit = slots.get(model)
+        if count > room.get(model, 0) or (limit is not None and len(prefixes[model]) > limit):
+            return True
+    return False
 
 
 def _chain(first: Sequence[str], rest: Iterator[str]) -> Iterator[str]:
@@ -241,7 +297,7 @@ def place_indexed(
         if trace is not None:
             trace.clear()
         fill = Fill(spec, config, demand.dedicated)
-        single = single_pass(demand, index, fill, trace)
+        single = not _short(demand, spec, index, config) and single_pass(demand, index, fill, trace)
         if not single:
             if trace is not None:
                 trace.clear()
