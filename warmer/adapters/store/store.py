@@ -453,18 +453,7 @@ class SqlStore:
                 if record.box_id not in refused:
                     row = _phase_row(record)
                     self._upsert(session, RestartPhaseRow, row, keys=["box_id", "epoch", "phase"])
-            session.add_all(
-                EventRow(
-                    at=event.at,
-                    kind=event.kind,
-                    box_id=event.box_id,
-                    agent_id=event.agent_id,
-                    epoch=event.epoch,
-                    prefix_hash=event.prefix_hash,
-                    detail=detail,
-                )
-                for event, detail in zip(events, details, strict=True)
-            )
+            session.add_all(_event_row(event, detail) for event, detail in zip(events, details, strict=True))
             return refused
 
         if not phases and not events:
@@ -556,17 +545,7 @@ class SqlStore:
     async def append_event(self, event: LoggedEvent) -> None:
         detail = _json_detail(event.detail)
         await self._run(
-            lambda session: session.add(
-                EventRow(
-                    at=event.at,
-                    kind=event.kind,
-                    box_id=event.box_id,
-                    agent_id=event.agent_id,
-                    epoch=event.epoch,
-                    prefix_hash=event.prefix_hash,
-                    detail=detail,
-                )
-            ),
+            lambda session: session.add(_event_row(event, detail)),
             write=True,
         )
 
@@ -709,6 +688,19 @@ def _warm_from_row(row: WarmRecordRow) -> WarmRecord:
         updated_at=row.updated_at,
         warmed_at=row.warmed_at,
         verified_at=row.verified_at,
+    )
+
+
+def _event_row(event: LoggedEvent, detail: dict[str, Any]) -> EventRow:
+    """A logged event as its row, `detail` already made JSON-safe."""
+    return EventRow(
+        at=event.at,
+        kind=event.kind,
+        box_id=event.box_id,
+        agent_id=event.agent_id,
+        epoch=event.epoch,
+        prefix_hash=event.prefix_hash,
+        detail=detail,
     )
 
 
