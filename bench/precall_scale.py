@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> Result:
     capacity = prefix_capacity(args.agents, args.sim_boxes)
     box = BoxConfig(
         engine=SimEngine.LLAMACPP,
-        slots=2,
+        slots=args.slots,
         context_tokens=4096,
         cache_tokens=max(8192, capacity * TOKENS_PER_PREFIX),
     )
@@ -331,6 +331,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="wrk duration per concurrency")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--ready-bound", type=float, default=900.0, help="seconds to wait for every route")
+    parser.add_argument(
+        "--slots",
+        type=int,
+        default=2,
+        help="slots per sim box: with fewer slots than prefixes per box, calls of different agents share a "
+        "slot and an ask whose slot served another agent's call is verified (a probe) before it is ready",
+    )
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window before load")
     parser.add_argument("--sim-nice", type=int, default=0, help="nice for the sim process")
     parser.add_argument("--json", type=Path, help="also write every figure here")
