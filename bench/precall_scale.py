@@ -199,7 +199,11 @@ def check_answers(serve: Serve, agents: Sequence[str], asks: int, seed: int, slo
     with httpx.Client(base_url=serve.base_url, headers=headers, timeout=10) as client:
         for i in range(asks):
             agent = rng.choice(agents)
-            response = client.post("/v1/prewarm", json={"agent": agent, "call_id": f"check-{seed}-{i}"})
+            try:
+                response = client.post("/v1/prewarm", json={"agent": agent, "call_id": f"check-{seed}-{i}"})
+            except httpx.HTTPError as error:  # a daemon that stops answering is a figure, not a crash
+                sample.problems.append(f"{agent}: {type(error).__name__}")
+                continue
             if response.status_code != 200:
                 sample.problems.append(f"{agent}: HTTP {response.status_code} {response.text[:200]}")
                 continue
