@@ -189,7 +189,6 @@ class SqlStore:
             box = session.get(BoxRow, box_id, with_for_update=True)
             if box is None:
                 raise StoreError(f"box_id: unknown box {box_id!r}; sync_boxes before recording its epoch")
-            previous = box.current_epoch
             self._upsert(
                 session,
                 BoxEpochRow,
@@ -197,19 +196,7 @@ class SqlStore:
                 keys=["box_id", "epoch"],
                 update=["last_seen_at"],
             )
-            if previous == epoch:
-                return False
-            box.current_epoch = epoch
-            session.add(
-                EventRow(
-                    at=at,
-                    kind=EventKind.EPOCH_CHANGED,
-                    box_id=box_id,
-                    epoch=epoch,
-                    detail={"previous": previous},
-                )
-            )
-            return True
+            return _move_epoch(session, box, epoch, at)
 
         return await self._run(work, write=True)
 
@@ -252,19 +239,7 @@ class SqlStore:
                     update=["last_seen_at"],
                 )
             for box_id in ids:
-                epoch, at = latest[box_id]
-                box = boxes[box_id]
-                if box.current_epoch != epoch:
-                    session.add(
-                        EventRow(
-                            at=at,
-                            kind=EventKind.EPOCH_CHANGED,
-                            box_id=box_id,
-                            epoch=epoch,
-                            detail={"previous": box.current_epoch},
-                        )
-                    )
-                    box.current_epoch = epoch
+                _move_epoch(session, boxes[box_id], *latest[box_id])
             return refused
 
         return await self._run(work, write=True)
@@ -618,20 +593,7 @@ class SqlStore:
         """INSERT ... ON CONFLICT DO UPDATE: one atomic statement on both backends (a read-then-write
         would race between replicas). `update` defaults to every non-key column."""
         columns = update if update is not None else [name for name in values if name not in keys]
-        if self._dialect == "sqlite":
-            lite = sqlite.insert(entity).values(values)
-            session.execute(
-                lite.on_conflict_do_update(
-                    index_elements=keys, set_={name: lite.excluded[name] for name in columns}
-                )
-            )
-        else:
-            pg = postgresql.insert(entity).values(values)
-            session.execute(
-                pg.on_conflict_do_update(
-                    index_elements=keys, set_={name: pg.excluded[name] for name in columns}
-                )
-            )
+        self._upsert_many(session, entity, [values], keys=keys, update=columns)
 
     def _upsert_many(
         self,
@@ -689,6 +651,23 @@ def _warm_from_row(row: WarmRecordRow) -> WarmRecord:
         warmed_at=row.warmed_at,
         verified_at=row.verified_at,
     )
+
+
+def _move_epoch(session: Session, box: BoxRow, epoch: str, at: float) -> bool:
+    """Make `epoch` the box's current one, logging the change; False when it already was."""
+    if box.current_epoch == epoch:
+        return False
+    session.add(
+        EventRow(
+            at=at,
+            kind=EventKind.EPOCH_CHANGED,
+            box_id=box.id,
+            epoch=epoch,
+            detail={"previous": box.current_epoch},
+        )
+    )
+    box.current_epoch = epoch
+    return True
 
 
 def _event_row(event: LoggedEvent, detail: dict[str, Any]) -> EventRow:
