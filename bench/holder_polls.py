@@ -25,23 +25,17 @@ from dataclasses import dataclass
 from sqlalchemy import create_engine, make_url, text
 
 from tests.unit.reconciler_fakes import (
-    PROFILE,
     CountingEngine,
     FakeClock,
     FakeEngine,
-    FakePrefixSource,
-    agent,
-    boxes,
+    replica_reconciler,
 )
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.adapters.store.observations import SqlHealthExchange
 from warmer.core.leases import LeaseConfig
 from warmer.core.observations import HealthObservation, StoredObservation
-from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig
-from warmer.core.warm_budget import WarmBudget
-from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.reconciler import Reconciler
 from warmer.service.replicas.ownership import BoxOwnership
 from warmer.service.replicas.replica_gate import ReplicaGate
 
@@ -98,21 +92,9 @@ def replica(
     )
     exchange = CountedExchange(SqlHealthExchange(store)) if holder_only else None
     counting = CountingEngine(engine)
-    reconciler = Reconciler(
-        engine=counting,
-        store=store,
-        clock=clock,
-        boxes=boxes(*box_ids),
-        profiles={"m": PROFILE},
-        agents={a: agent(a) for a in ("sales", "support")},
-        prefix_source=FakePrefixSource(),
-        config=ReconcilerConfig(
-            planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
-            placement=PlacementConfig(min_group_size=2),
-            health_poll_seconds=POLL_SECONDS if holder_only else 0.0,  # baseline: every pass polls too
-        ),
-        replicas=ReplicaGate(ownership=ownership, coordination=coordination, health=exchange),
-    )
+    gate = ReplicaGate(ownership=ownership, coordination=coordination, health=exchange)
+    poll_seconds = POLL_SECONDS if holder_only else 0.0  # baseline: every pass polls too
+    reconciler = replica_reconciler(counting, store, clock, box_ids, gate, health_poll_seconds=poll_seconds)
     wired.append(reconciler)
     return Replica(reconciler, counting, ownership, exchange)
 

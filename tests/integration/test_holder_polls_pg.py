@@ -21,24 +21,18 @@ from dataclasses import dataclass
 import pytest
 
 from tests.unit.reconciler_fakes import (
-    PROFILE,
     CountingEngine,
     FakeClock,
     FakeEngine,
-    FakePrefixSource,
-    agent,
-    boxes,
+    replica_reconciler,
 )
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.adapters.store.observations import SqlHealthExchange
 from warmer.core.leases import LeaseConfig
 from warmer.core.observations import HealthObservation
-from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig
-from warmer.core.warm_budget import WarmBudget
 from warmer.ports import HealthExchangePort
-from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.reconciler import Reconciler
 from warmer.service.replicas.ownership import BoxOwnership
 from warmer.service.replicas.replica_gate import ReplicaGate
 
@@ -128,26 +122,13 @@ def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replic
     )
     store.fence_box_writes(name)
     counting = CountingEngine(engine)
-    reconciler = Reconciler(
-        engine=counting,
-        store=store,
-        clock=clock,
-        boxes=boxes(*BOX_IDS),
-        profiles={"m": PROFILE},
-        agents={a: agent(a) for a in ("sales", "support")},
-        prefix_source=FakePrefixSource(),
-        config=ReconcilerConfig(
-            planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
-            placement=PlacementConfig(min_group_size=2),
-            health_poll_seconds=POLL_SECONDS,
-        ),
-        replicas=ReplicaGate(
-            ownership=ownership,
-            coordination=coordination,
-            health=SqlHealthExchange(store),
-            stale_after_seconds=3 * POLL_SECONDS,
-        ),
+    gate = ReplicaGate(
+        ownership=ownership,
+        coordination=coordination,
+        health=SqlHealthExchange(store),
+        stale_after_seconds=3 * POLL_SECONDS,
     )
+    reconciler = replica_reconciler(counting, store, clock, BOX_IDS, gate, health_poll_seconds=POLL_SECONDS)
     holder.append(reconciler)
     return Replica(reconciler, counting, ownership)
 

@@ -31,6 +31,7 @@ from warmer.core.placement import PlacementConfig
 from warmer.core.planner import PlannerConfig
 from warmer.core.warm_budget import WarmBudget
 from warmer.service.reconciler import ComputedPrefix, ReconcileObserver, Reconciler, ReconcilerConfig
+from warmer.service.replicas.replica_gate import ReplicaGate
 from warmer.testing import is_probe
 
 PREFIX_TOKENS = 500
@@ -331,6 +332,34 @@ def world(
         observer=observer,
     )
     return World(reconciler, engine, store, clock, source)
+
+
+def replica_reconciler(
+    engine: FakeEngine,
+    store: SqlStore,
+    clock: FakeClock,
+    box_ids: Sequence[str],
+    replicas: ReplicaGate,
+    *,
+    health_poll_seconds: float = 0.0,
+) -> Reconciler:
+    """One replica's real Reconciler over the fake fleet (agents sales and support, groups of 2), behind
+    `replicas`: the wiring the replica tests and bench.holder_polls share."""
+    return Reconciler(
+        engine=engine,
+        store=store,
+        clock=clock,
+        boxes=boxes(*box_ids),
+        profiles={"m": PROFILE},
+        agents={a: agent(a) for a in ("sales", "support")},
+        prefix_source=FakePrefixSource(),
+        config=ReconcilerConfig(
+            planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
+            placement=PlacementConfig(min_group_size=2),
+            health_poll_seconds=health_poll_seconds,
+        ),
+        replicas=replicas,
+    )
 
 
 async def settle(reconciler: Reconciler, rounds: int = 10) -> None:

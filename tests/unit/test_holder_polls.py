@@ -23,13 +23,10 @@ import httpx
 import pytest
 
 from tests.unit.reconciler_fakes import (
-    PROFILE,
     CountingEngine,
     FakeClock,
     FakeEngine,
-    FakePrefixSource,
-    agent,
-    boxes,
+    replica_reconciler,
 )
 from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.engines.http import count_control_requests
@@ -40,10 +37,7 @@ from warmer.config.settings import Settings
 from warmer.core.errors import HealthFailure, StoreUnavailable
 from warmer.core.model import BoxSpec, EngineKind
 from warmer.core.observations import HealthObservation, StoredObservation
-from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig
-from warmer.core.warm_budget import WarmBudget
-from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.reconciler import Reconciler
 from warmer.service.reconciler.health_sharing import restart_bound_seconds
 from warmer.service.replicas.replica_gate import ReplicaGate
 
@@ -159,20 +153,8 @@ def make_fleet(url: str, *, poll_seconds: float = 0.0) -> Fleet:
             health=exchange,
             stale_after_seconds=STALE_AFTER,
         )
-        reconciler = Reconciler(
-            engine=counting,
-            store=store,
-            clock=clock,
-            boxes=boxes(*BOX_IDS),
-            profiles={"m": PROFILE},
-            agents={a: agent(a) for a in ("sales", "support")},
-            prefix_source=FakePrefixSource(),
-            config=ReconcilerConfig(
-                planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
-                placement=PlacementConfig(min_group_size=2),
-                health_poll_seconds=poll_seconds,
-            ),
-            replicas=gate,
+        reconciler = replica_reconciler(
+            counting, store, clock, BOX_IDS, gate, health_poll_seconds=poll_seconds
         )
         return Replica(reconciler, counting)
 

@@ -21,14 +21,12 @@ from tests.unit.reconciler_fakes import (
     FakePrefixSource,
     agent,
     boxes,
+    replica_reconciler,
 )
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.core.leases import LeaseConfig
-from warmer.core.placement import PlacementConfig
-from warmer.core.planner import PlannerConfig
 from warmer.core.shared_state import StateChange
-from warmer.core.warm_budget import WarmBudget
 from warmer.core.webhook import BoxUrlPolicy, sign_body
 from warmer.service.fleet.deploy import (
     DeployOutcome,
@@ -37,7 +35,7 @@ from warmer.service.fleet.deploy import (
     WebhookConfig,
     rollout_drain_reason,
 )
-from warmer.service.reconciler import Reconciler, ReconcilerConfig
+from warmer.service.reconciler import Reconciler
 from warmer.service.replicas.ownership import BoxOwnership, SoleOwnership
 from warmer.service.replicas.replica_gate import ReplicaGate
 
@@ -69,20 +67,8 @@ def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replic
         replica_id=name,
         on_change=lambda gained, lost: holder[0].replicas.leases_changed(gained, lost) if holder else None,
     )
-    reconciler = Reconciler(
-        engine=engine,
-        store=store,
-        clock=clock,
-        boxes=boxes(*BOX_IDS),
-        profiles={"m": PROFILE},
-        agents={a: agent(a) for a in ("sales", "support")},
-        prefix_source=FakePrefixSource(),
-        config=ReconcilerConfig(
-            planner=PlannerConfig(budget=WarmBudget(max_concurrent=2, tokens_per_second=1e6)),
-            placement=PlacementConfig(min_group_size=2),
-        ),
-        replicas=ReplicaGate(ownership=ownership, coordination=coordination),
-    )
+    gate = ReplicaGate(ownership=ownership, coordination=coordination)
+    reconciler = replica_reconciler(engine, store, clock, BOX_IDS, gate)
     holder.append(reconciler)
     return Replica(name, reconciler, ownership, coordination)
 
