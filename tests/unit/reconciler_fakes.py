@@ -70,13 +70,25 @@ class FakeBox:
     holds: int | None = None
     pinnable: bool = False  # `holds` slots that a request may name (llama.cpp id_slot)
 
-    def use(self, prompt: tuple[int, ...]) -> bool:
-        """Send `prompt` through the cache: True when it was held; it is then the most recent."""
-        hit = prompt in self.cache
+    slot_prompts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # pinnable: what each slot holds
+
+    def use(self, prompt: tuple[int, ...], slot: int | None = None) -> bool:
+        """Send `prompt` through the cache: True when it was held; it is then the most recent. On pinnable
+        slots a request naming one replaces what that slot held (llama.cpp: a slot holds one prompt)."""
+        if slot is not None and self.pinnable:
+            hit = self.slot_prompts.get(slot) == prompt
+            old = self.slot_prompts.get(slot)
+            self.slot_prompts[slot] = prompt
+            if old is not None and old != prompt and old not in self.slot_prompts.values():
+                self.cache.pop(old, None)
+        else:
+            hit = prompt in self.cache
         self.cache.pop(prompt, None)
         self.cache[prompt] = None
         while self.holds is not None and len(self.cache) > self.holds:
-            del self.cache[next(iter(self.cache))]
+            evicted = next(iter(self.cache))
+            del self.cache[evicted]
+            self.slot_prompts = {s: p for s, p in self.slot_prompts.items() if p != evicted}
         return hit
 
 
@@ -130,7 +142,7 @@ class FakeEngine:
         (self.probe_requests if kind == "probe" else self.warm_requests)[box.id] += 1
         self.prefix_log.append((box.id, kind, self.clock.now() if self.clock is not None else 0.0))
         assert prefix.token_ids is not None
-        hit = self.boxes[box.id].use(prefix.token_ids)
+        hit = self.boxes[box.id].use(prefix.token_ids, slot)
         self.slots_named.append((box.id, kind, slot))
         cached = prefix.token_count - 1 if hit or self.lies else 0  # llama.cpp recomputes the last token
         return CompletionReport(

@@ -58,6 +58,7 @@ OPERATIONS = {
     ("POST", "/v1/usage"),
     ("GET", "/v1/usage"),
     ("POST", "/v1/prewarm"),
+    ("POST", "/v1/boxes/{box_id}/side-slot"),
     ("PUT", "/v1/campaigns/{campaign_id}"),
     ("DELETE", "/v1/campaigns/{campaign_id}"),
     ("GET", "/v1/campaigns"),

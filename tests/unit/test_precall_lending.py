@@ -310,9 +310,8 @@ def test_a_prefix_in_a_slot_another_call_still_writes_to_is_probed_before_it_is_
         assert prefix_ids("tail") in held_ids(engine, "b1")
 
         # cool's call sends its next turn to its slot: the borrower there is overwritten
-        cache = engine.boxes["b1"].cache
-        del cache[prefix_ids("tail")]
-        engine.boxes["b1"].use((*prefix_ids("cool"), 7, 7, 7))
+        engine.boxes["b1"].use((*prefix_ids("cool"), 7, 7, 7), cool_slot)
+        assert prefix_ids("tail") not in held_ids(engine, "b1")
         w.clock.t += 2.0
         probes = len(engine.probes("b1"))
         answer = await reconciler.ensure_warm("tail", wait_seconds=5.0)

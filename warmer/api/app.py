@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm, usage
+from warmer.api import boxes, campaigns, capacity, deploy, health, prewarm, side_slots, usage
 from warmer.api.observe import RequestMetricsMiddleware
 from warmer.api.services import ApiServices, Liveness, Readiness
 from warmer.api.storeerrors import store_unavailable
@@ -29,6 +29,7 @@ ROUTER_FACTORIES: tuple[Callable[[ApiServices], APIRouter], ...] = (
     health.router,
     boxes.router,
     prewarm.router,
+    side_slots.router,
     campaigns.router,
     capacity.router,
     usage.router,

@@ -78,6 +78,32 @@ def offer_loan(
     return best
 
 
+def side_slot(
+    slots: int,
+    pinned: Mapping[int, str],
+    value: Callable[[str], float],
+    protected: Collection[int],
+    in_call: Collection[int] = (),
+) -> tuple[int, str | None] | None:
+    """The slot of a box with `slots` pinnable slots for a request that is no agent's call (a transcript
+    summary, a classifier): sent unslotted, the engine would put it where it likes and evict a prefix warmer
+    vouches for without anyone knowing. `pinned`: slot -> agent whose prefix it holds; `protected`: slots
+    that cannot be lent (work in flight there, a ready answer just given); `in_call`: slots a call may still
+    be sending turns to (lent only when every other slot is: that call's next turn would prefill its whole
+    conversation again). Among the rest, a slot no prefix holds evicts nothing; else the least valuable
+    prefix gives way. (slot, the agent whose prefix it evicts or None), or None when every slot is
+    protected."""
+    lendable = [
+        (slot in in_call, slot in pinned, value(pinned[slot]) if slot in pinned else 0.0, slot)
+        for slot in range(slots)
+        if slot not in protected
+    ]
+    if not lendable:
+        return None
+    slot = min(lendable)[3]
+    return slot, pinned.get(slot)
+
+
 def _victims(
     box: BoxSpec,
     kept: Sequence[str],

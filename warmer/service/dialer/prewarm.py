@@ -28,6 +28,7 @@ from warmer.core.readiness import Route
 from warmer.ports import Clock
 from warmer.service.dialer.call_spread import CallLedger, CallVolumeMeter, pick_least_loaded
 from warmer.service.reconciler import Reconciler, UnknownAgent
+from warmer.service.reconciler.side_requests import SideSlot, UnknownSideBox
 
 DEFAULT_MAX_WAIT_SECONDS = 10.0
 
@@ -56,6 +57,14 @@ class UnknownPrewarmAgent(WarmerError):
     def __init__(self, agent_id: str) -> None:
         super().__init__(f"unknown agent {agent_id!r}")
         self.agent_id = agent_id
+
+
+class UnknownSideRequestBox(WarmerError):
+    """A side-slot ask names a box that is not in the fleet (HTTP 404)."""
+
+    def __init__(self, box_id: str) -> None:
+        super().__init__(f"unknown box {box_id!r}")
+        self.box_id = box_id
 
 
 class PrewarmUnavailable(WarmerError):
@@ -117,6 +126,10 @@ class PrewarmBackend(Protocol):
 
     def sent(self, agent_id: str, box_id: str, slot: int) -> None:
         """A call for the agent goes to this slot of the box: its turns will land there for a while."""
+        ...
+
+    def side_slot(self, box_id: str) -> SideSlot:
+        """The slot a request that is no agent's call should name on the box (noted as lent)."""
         ...
 
 
@@ -250,6 +263,37 @@ class PrewarmService:
             slot=slot,
         )
 
+    def side_slot(self, box_id: str) -> SideSlotAnswer:
+        """The slot a side request should name on `box_id` (`warmer.service.reconciler.side_requests`)."""
+        box = self._backend.box(box_id)
+        if box is None:
+            raise UnknownSideRequestBox(box_id)
+        try:
+            lent = self._backend.side_slot(box_id)
+        except UnknownSideBox:
+            raise UnknownSideRequestBox(box_id) from None
+        return SideSlotAnswer(box_id, box.base_url, lent.slot, lent.evicts, lent.detail)
+
+
+@dataclass(frozen=True, slots=True)
+class SideSlotAnswer:
+    """Where to send a side request (no agent's call: a summary, a classifier) on a box."""
+
+    box_id: str
+    base_url: str
+    slot: int | None  # send it as `id_slot`; None: send it without a slot
+    evicts: str | None  # the agent whose prefix it overwrites there (warmer re-checks it), if any
+    detail: str
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "box_id": self.box_id,
+            "base_url": self.base_url,
+            "slot": self.slot,
+            "evicts": self.evicts,
+            "detail": self.detail,
+        }
+
 
 class ReconcilerBackend:
     """`PrewarmBackend` over the reconciler."""
@@ -280,3 +324,6 @@ class ReconcilerBackend:
 
     def sent(self, agent_id: str, box_id: str, slot: int) -> None:
         self._reconciler.note_call(agent_id, box_id, slot)
+
+    def side_slot(self, box_id: str) -> SideSlot:
+        return self._reconciler.side_slot(box_id)

@@ -36,6 +36,7 @@ from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.engine_work.restart_warmup import RestartWarmup
 from warmer.service.engine_work.warming import WarmExecutor
 from warmer.service.reconciler.parts import Hooks, build_parts
+from warmer.service.reconciler.side_requests import SideSlot
 from warmer.service.reconciler.types import (
     BoxLive,
     BoxSeen,
@@ -117,6 +118,7 @@ class Reconciler:
         self._activity, self._catalogue, self._staging = parts.activity, parts.catalogue, parts.staging
         self._desired, self._runner, self._ready = parts.desired, parts.runner, parts.ready
         self._promotion, self._fleet, self._precall = parts.promotion, parts.fleet, parts.precall
+        self._side = parts.side
         self._replicas = self.replicas = parts.replicas  # leases and shared deploy state (the root's too)
         # What the box's KV cache events say, acted on (`evictions`); the event root task reports to it.
         self.evictions = parts.evictions
@@ -156,6 +158,7 @@ class Reconciler:
 
     async def close(self) -> None:
         """Cancel work in flight (a `warming` row left behind is abandoned by the next daemon's planner)."""
+        self._side.close()
         await self._runner.close()
         await self._replicas.wait_cancelled()
 
@@ -362,6 +365,10 @@ class Reconciler:
             return
         key = (box_id, live.epoch, computed.prefix.hash)
         self._book.note_call(key, slot, self._clock.now(), self._config.precall_call_hold_seconds)
+
+    def side_slot(self, box_id: str) -> SideSlot:
+        """The slot a side request (no agent's call) should name on the box (`side_requests`)."""
+        return self._side.lend(box_id)
 
     def fleet(self) -> Mapping[str, BoxSpec]:
         """The boxes this reconciler may call now (config plus runtime `box.added`)."""

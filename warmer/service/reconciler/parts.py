@@ -33,6 +33,7 @@ from warmer.service.reconciler.ready_reports import ReadyReports
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.replicas import ReplicaSync
 from warmer.service.reconciler.restart_detection import BoxHealth
+from warmer.service.reconciler.side_requests import SideRequests
 from warmer.service.reconciler.tokenizer_drift import TokenizerDriftCheck
 from warmer.service.reconciler.types import PrefixSource, ReconcileObserver, ReconcilerConfig
 from warmer.service.replicas.replica_gate import ReplicaGate
@@ -66,6 +67,7 @@ class Parts:
     promotion: PromptPromotion
     fleet: FleetEdits
     precall: PrecallWarming
+    side: SideRequests
     replicas: ReplicaSync
     evictions: EvictionReactions
     loans: PrefixLoans
@@ -228,6 +230,19 @@ def build_parts(
         changed=hooks.changed,
         owns=owns,
     )
+    side = SideRequests(
+        clock=clock,
+        boxes=boxes,
+        health=health,
+        book=book,
+        desired=desired,
+        runner=runner,
+        answered_within=precall.answered_within,
+        protect_seconds=config.precall_protect_seconds,
+        call_hold_seconds=config.precall_call_hold_seconds,
+        owns=owns,
+        log=log,
+    )
     replicas = ReplicaSync(
         gate=gate,
         store=store,
@@ -258,6 +273,7 @@ def build_parts(
         promotion=promotion,
         fleet=fleet,
         precall=precall,
+        side=side,
         replicas=replicas,
         evictions=evictions,
         loans=loans,

@@ -36,6 +36,10 @@ class WarmBook:
         # its turns to its slot until it ends, so another prefix put in that slot meanwhile is overwritten by
         # them and cannot be vouched for on its record alone (`at_risk`)
         self.slot_calls: dict[tuple[str, str, int], dict[str, float]] = {}
+        # (box, epoch, slot) -> when the slot was last lent to a side request (no agent's call: a summary, a
+        # classifier; `side_requests`). It overwrote whatever prefix the slot held, so that prefix is vouched
+        # for again only once verified after it (`at_risk`)
+        self.side_uses: dict[tuple[str, str, int], float] = {}
         # Verifications older than this (the daemon's start) are re-probed before they count as warm.
         self.trusted_after = 0.0
         # ... per box, with several replicas (`replicas.ReplicaSync.trusted_since`); None: the above
@@ -84,11 +88,13 @@ class WarmBook:
         self.records = {k: r for k, r in self.records.items() if k[0] != box_id or k[1] == epoch}
         self.pins = {k: s for k, s in self.pins.items() if k[0] != box_id or k[1] == epoch}
         self.slot_calls = {k: c for k, c in self.slot_calls.items() if k[0] != box_id or k[1] == epoch}
+        self.side_uses = {k: t for k, t in self.side_uses.items() if k[0] != box_id or k[1] == epoch}
 
     def forget_box(self, box_id: str) -> None:
         self.records = {k: r for k, r in self.records.items() if k[0] != box_id}
         self.pins = {k: s for k, s in self.pins.items() if k[0] != box_id}
         self.slot_calls = {k: c for k, c in self.slot_calls.items() if k[0] != box_id}
+        self.side_uses = {k: t for k, t in self.side_uses.items() if k[0] != box_id}
 
     def note_call(self, key: WarmKey, slot: int, now: float, hold: float) -> None:
         """A pre-call answer sent a call for `key`'s prefix to `slot`; calls over `hold` ago are forgotten."""
@@ -98,16 +104,30 @@ class WarmBook:
             del calls[prefix_hash]
 
     def at_risk(self, key: WarmKey, now: float, hold: float) -> bool:
-        """The prefix's slot was given to a call of another prefix within `hold` (that call may still be
-        sending turns there, each overwriting the slot) and the prefix was not verified since just now:
-        believe it there only after a probe."""
+        """The prefix's slot was lent to a side request since the prefix was last verified, or given to a
+        call of another prefix within `hold` (that call may still be sending turns there, each overwriting
+        the slot) and the prefix was not verified since just now: believe it there only after a probe."""
         slot = self.pins.get(key)
-        calls = self.slot_calls.get((key[0], key[1], slot)) if slot is not None else None
-        if not calls or not any(p != key[2] and at > now - hold for p, at in calls.items()):
+        if slot is None:
             return False
         record = self.records.get(key)
         verified = record.verified_at if record is not None else None
+        lent = self.side_uses.get((key[0], key[1], slot))
+        if lent is not None and (verified is None or verified <= lent):
+            return True  # a side request was sent there since the prefix was last seen in the slot
+        calls = self.slot_calls.get((key[0], key[1], slot))
+        if not calls or not any(p != key[2] and at > now - hold for p, at in calls.items()):
+            return False
         return verified is None or verified < now - VERIFIED_FRESH_SECONDS
+
+    def note_side_use(self, box_id: str, epoch: str, slot: int, now: float) -> None:
+        """The slot was lent to a side request now (`at_risk` holds its prefix until verified again)."""
+        self.side_uses[(box_id, epoch, slot)] = now
+
+    def slot_in_call(self, box_id: str, epoch: str, slot: int, now: float, hold: float) -> bool:
+        """A pre-call answer sent a call to the slot within `hold`: its turns may still be running there."""
+        calls = self.slot_calls.get((box_id, epoch, slot), {})
+        return any(at > now - hold for at in calls.values())
 
     def pin_for(self, key: WarmKey, capacity: BoxCapacity | None) -> int | None:
         """The slot for a warm of `key`: the one it holds, else a slot no other kept prefix of the box holds
