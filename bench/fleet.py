@@ -18,7 +18,9 @@ a time, half-way through. Policies (bench/fleet_policies.py says how each picks 
   like a deploy pipeline, restarts a box once warmer reports it drained (at most 30 s);
 - warmer_noslot: the same, but the turns never name a slot (a dialer that ignores the answer's `slot`):
   llama-server then picks the slot itself (longest common prefix, else least recently used);
-- warmer_nowebhook: the same as warmer without the webhook (warmer finds the restarts itself).
+- warmer_nowebhook: the same as warmer without the webhook (warmer finds the restarts itself);
+- warmer_unlent: the same as warmer, but `realmix`'s background requests go to the call's box unslotted
+  instead of into the slot warmer lends for them (`POST /v1/boxes/{box}/side-slot`).
 
 Before traffic every arm gets its warm: warmer its own first warm (the run waits until every agent is
 routed), every other arm one stable-prefix request per agent through its own routing. Each box's
@@ -150,8 +152,9 @@ POLICIES = (
     "warmer",
     "warmer_noslot",
     "warmer_nowebhook",
+    "warmer_unlent",
 )
-WEBHOOK_ARMS = ("warmer", "warmer_noslot")  # warmer arms the bench sends deploy events to
+WEBHOOK_ARMS = ("warmer", "warmer_noslot", "warmer_unlent")  # warmer arms the bench sends deploy events to
 ENGINES = ("llamacpp", "vllm")
 VLLM_MODEL = "tiny-hf"  # the --model label of the vLLM shape (testbed/tiny_hf_model.py)
 SETTINGS = {"tight": 0, "roomy": 256}  # --cache-ram MiB per box (vLLM boxes: VLLM_SETTINGS, blocks)
@@ -608,11 +611,7 @@ async def run_call(
             target = served
             if call.background_after == turn:
                 prompt = background_prompt(transcript(call, history))
-                background = asyncio.create_task(
-                    _background(
-                        record, policy.background_target(prompt, target), client, prompt, clock, policy.wire
-                    )
-                )
+                background = asyncio.create_task(_background(record, policy, target, client, prompt, clock))
     finally:
         if background is not None:
             await background
@@ -620,16 +619,17 @@ async def run_call(
 
 async def _background(
     record: CallRecord,
-    target: Target,
+    policy: Policy,
+    call_target: Target,
     client: httpx.AsyncClient,
     prompt: str,
     clock: Callable[[], float],
-    wire: Wire = LLAMACPP_WIRE,
 ) -> None:
     """The call's background request (one output token): its prefill counts as the calls' own."""
     started = clock()
+    target = await policy.background_target(prompt, call_target)
     try:
-        result = await stream_completion(client, target.base_url, prompt, 1, target.slot, wire)
+        result = await stream_completion(client, target.base_url, prompt, 1, target.slot, policy.wire)
     except TurnFailed:
         record.failures += 1
         return
@@ -845,7 +845,12 @@ async def start_arm(
         _say(f"{policy_name}: {want} of {len(agents.order)} agents routed: {warmed} after {seconds:.1f} s")
         pre_traffic = {"warm_seconds": round(seconds, 2), "all_agents_routed": warmed, "agents_routed": want}
         policy = WarmerPolicy(
-            policy_name, api, client, config.prewarm_wait_ms, send_slot=policy_name != "warmer_noslot"
+            policy_name,
+            api,
+            client,
+            config.prewarm_wait_ms,
+            send_slot=policy_name != "warmer_noslot",
+            side_slot=policy_name != "warmer_unlent",
         )
         policy.wire = config.wire
         return policy, api, pre_traffic

@@ -144,7 +144,8 @@ def test_a_slot_a_call_is_sending_turns_to_is_lent_last(store_url: str) -> None:
         await settle(w.reconciler)
         cool_slot = w.reconciler.prefix_slot("cool", "b1")
         hot_slot = w.reconciler.prefix_slot("hot", "b1")
-        assert cool_slot is not None and hot_slot is not None
+        assert cool_slot is not None
+        assert hot_slot is not None
         w.clock.t += 30.0
         w.reconciler.note_call("cool", "b1", cool_slot)  # a call of cool's is sending its turns there
         lent = w.reconciler.side_slot("b1")
