@@ -138,6 +138,27 @@ def test_a_prefix_just_answered_ready_is_not_lent(store_url: str) -> None:
     asyncio.run(scenario())
 
 
+def test_when_every_prefix_was_answered_within_the_window_one_answered_before_a_first_turn_gives_way(
+    store_url: str,
+) -> None:
+    async def scenario() -> None:
+        w = slotted_world(store_url)
+        await settle(w.reconciler)
+        cool_slot = w.reconciler.prefix_slot("cool", "b1")
+        w.clock.t += 30.0
+        assert (await w.reconciler.ensure_warm("hot", wait_seconds=0.0)).routed
+        assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
+        w.clock.t += 0.5  # both first turns may be on their way: nothing to lend
+        refused = w.reconciler.side_slot("b1")
+        assert (refused.slot, refused.evicts) == (None, None)
+        w.clock.t += 4.5  # within the 10 s protection, past a first turn's 2 s: the cheaper one goes
+        lent = w.reconciler.side_slot("b1")
+        assert (lent.slot, lent.evicts) == (cool_slot, "cool")
+        await settle(w.reconciler, rounds=3)
+
+    asyncio.run(scenario())
+
+
 def test_a_slot_a_call_is_sending_turns_to_is_lent_last(store_url: str) -> None:
     async def scenario() -> None:
         w = slotted_world(store_url)

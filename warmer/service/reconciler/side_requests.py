@@ -4,11 +4,11 @@ On an engine whose requests name a slot (llama.cpp `id_slot`), an unslotted requ
 likes: into the least recently used idle slot, or the one whose cached prompt looks most like it. Either way
 it overwrites a prefix warmer may be vouching for, and nobody tells warmer, so a later "ready" answer for that
 prefix is false. Asked first, warmer names the slot: one no prefix holds, else the least valuable prefix's
-(calls a minute x tokens); never a slot with work in flight or a prefix just answered ready, and a slot a
-call may still be sending turns to only when every other slot has one. The prefix it evicts is not vouched
-for again until verified after the lend (`WarmBook.at_risk`), and a probe is sent to its slot once the side
-request has had time to reach the engine, so it is warm again (or known cold, and re-warmed) before its
-next call.
+(calls a minute x tokens); never a slot with work in flight or a prefix answered ready within the protection
+window (within a first turn's time, when that leaves none), and a slot a call may still be sending turns to
+only when every other slot has one. The prefix it evicts is not vouched for again until verified after the
+lend (`WarmBook.at_risk`), and a probe is sent to its slot once the side request has had time to reach the
+engine, so it is warm again (or known cold, and re-warmed) before its next call.
 
 Engines without slots (vLLM, SGLang) evict least recently used blocks, which warmer's keep-alive and KV
 events already follow: there the answer names no slot and nothing is noted.
@@ -27,6 +27,7 @@ from warmer.core.placement.loans import prefix_value, side_slot
 from warmer.ports import Clock
 from warmer.service.reconciler.actions import ActionRunner
 from warmer.service.reconciler.desired import DesiredState
+from warmer.service.reconciler.precall import FIRST_TURN_SECONDS
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 
@@ -94,16 +95,14 @@ class SideRequests:
         refs = desired.agents if desired is not None else {}
         agent_of = {ref.hash: agent for agent, ref in refs.items()}
         now = self._clock.now()
-        answered = self._answered_within(self._protect_seconds)
         pinned: dict[int, str] = {}
-        protected: set[int] = set()
+        busy: set[int] = set()  # work in flight: a side request named there would land after it
         for (pin_box, pin_epoch, prefix_hash), slot in self._book.pins.items():
             if pin_box != box_id or pin_epoch != epoch:
                 continue
-            agent = agent_of.get(prefix_hash, prefix_hash)
-            pinned[slot] = agent
-            if agent in answered or (box_id, prefix_hash) in self._runner.in_flight:
-                protected.add(slot)
+            pinned[slot] = agent_of.get(prefix_hash, prefix_hash)
+            if (box_id, prefix_hash) in self._runner.in_flight:
+                busy.add(slot)
         in_call = {
             slot
             for slot in range(capacity.pinnable_slots)
@@ -116,10 +115,20 @@ class SideRequests:
                 return 0.0  # not vouched for now (lent already, or contested): lending it costs nothing more
             return prefix_value(self._desired.volume.get(agent, 0.0), ref.tokens)
 
-        chosen = side_slot(capacity.pinnable_slots, pinned, value, protected, in_call)
+        # A prefix answered ready within the protection window keeps its slot; when that leaves none, one
+        # answered longer ago than a first turn takes gives it (as lending room to a call does: `precall`).
+        chosen = None
+        for window in dict.fromkeys((self._protect_seconds, min(FIRST_TURN_SECONDS, self._protect_seconds))):
+            answered = self._answered_within(window)
+            protected = busy | {slot for slot, agent in pinned.items() if agent in answered}
+            chosen = side_slot(capacity.pinnable_slots, pinned, value, protected, in_call)
+            if chosen is not None:
+                break
         if chosen is None:
-            busy = "every slot has work in flight or a prefix just answered ready"
-            return SideSlot(box_id, None, None, busy)
+            self._log.info("no slot to lend a side request", box=box_id)
+            return SideSlot(
+                box_id, None, None, "every slot has work in flight or a prefix just answered ready"
+            )
         slot, victim = chosen
         self._book.note_side_use(box_id, epoch, slot, now)
         if victim is not None and victim in refs:
