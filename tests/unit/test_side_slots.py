@@ -83,6 +83,19 @@ def slotted_world(store_url: str) -> World:
     return world(store_url, ("b1",), tuple(volume), engine=engine, min_group=1, demand=lambda: volume)
 
 
+async def settled(store_url: str) -> tuple[World, int, int]:
+    """`slotted_world` after its first warms, past their answers' protection: (world, cool's slot, hot's)."""
+    w = slotted_world(store_url)
+    await settle(w.reconciler)
+    cool_slot = w.reconciler.prefix_slot("cool", "b1")
+    hot_slot = w.reconciler.prefix_slot("hot", "b1")
+    assert cool_slot is not None
+    assert hot_slot is not None
+    assert cool_slot != hot_slot
+    w.clock.t += 30.0
+    return w, cool_slot, hot_slot
+
+
 def side_request(engine: FakeEngine, box_id: str, slot: int) -> None:
     """The dialer's summary in the slot it was lent: whatever prefix the slot held is gone."""
     engine.boxes[box_id].use((9, 9, 9), slot)
@@ -95,13 +108,8 @@ def test_the_prefix_a_side_request_overwrites_is_never_answered_ready_while_the_
     engine no longer holds its prefix."""
 
     async def scenario() -> None:
-        w = slotted_world(store_url)
-        await settle(w.reconciler)
+        w, cool_slot, hot_slot = await settled(store_url)
         assert route_boxes(w.reconciler, "cool") == ["b1"]
-        cool_slot = w.reconciler.prefix_slot("cool", "b1")
-        hot_slot = w.reconciler.prefix_slot("hot", "b1")
-        w.clock.t += 30.0  # the warm-up's answers are past their protection
-
         lent = w.reconciler.side_slot("b1")
         assert (lent.slot, lent.evicts) == (cool_slot, "cool")  # the least valuable prefix gives way
         assert lent.slot is not None
@@ -125,11 +133,7 @@ def test_the_prefix_a_side_request_overwrites_is_never_answered_ready_while_the_
 
 def test_a_prefix_just_answered_ready_is_not_lent(store_url: str) -> None:
     async def scenario() -> None:
-        w = slotted_world(store_url)
-        await settle(w.reconciler)
-        hot_slot = w.reconciler.prefix_slot("hot", "b1")
-        assert hot_slot is not None
-        w.clock.t += 30.0
+        w, _, hot_slot = await settled(store_url)
         assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
         lent = w.reconciler.side_slot("b1")  # cool's call's first turn is on its way: the busier slot goes
         assert (lent.slot, lent.evicts) == (hot_slot, "hot")
@@ -142,10 +146,7 @@ def test_when_every_prefix_was_answered_within_the_window_one_answered_before_a_
     store_url: str,
 ) -> None:
     async def scenario() -> None:
-        w = slotted_world(store_url)
-        await settle(w.reconciler)
-        cool_slot = w.reconciler.prefix_slot("cool", "b1")
-        w.clock.t += 30.0
+        w, cool_slot, _ = await settled(store_url)
         assert (await w.reconciler.ensure_warm("hot", wait_seconds=0.0)).routed
         assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
         w.clock.t += 0.5  # both first turns may be on their way: nothing to lend
@@ -161,13 +162,7 @@ def test_when_every_prefix_was_answered_within_the_window_one_answered_before_a_
 
 def test_a_slot_a_call_is_sending_turns_to_is_lent_last(store_url: str) -> None:
     async def scenario() -> None:
-        w = slotted_world(store_url)
-        await settle(w.reconciler)
-        cool_slot = w.reconciler.prefix_slot("cool", "b1")
-        hot_slot = w.reconciler.prefix_slot("hot", "b1")
-        assert cool_slot is not None
-        assert hot_slot is not None
-        w.clock.t += 30.0
+        w, cool_slot, hot_slot = await settled(store_url)
         w.reconciler.note_call("cool", "b1", cool_slot)  # a call of cool's is sending its turns there
         lent = w.reconciler.side_slot("b1")
         assert (lent.slot, lent.evicts) == (hot_slot, "hot")
@@ -195,11 +190,7 @@ def test_a_box_whose_requests_name_no_slot_gets_no_slot_and_nothing_is_noted(sto
 
 def test_the_route_lends_a_slot_names_what_it_evicts_and_refuses_an_unknown_box(store_url: str) -> None:
     async def scenario() -> None:
-        w = slotted_world(store_url)
-        await settle(w.reconciler)
-        w.clock.t += 30.0
-        cool_slot = w.reconciler.prefix_slot("cool", "b1")
-        assert cool_slot is not None
+        w, cool_slot, _ = await settled(store_url)
         prewarm = PrewarmService(ReconcilerBackend(w.reconciler), FakeClock())
 
         async def ready() -> Readiness:
