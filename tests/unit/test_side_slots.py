@@ -110,7 +110,7 @@ def test_the_prefix_a_side_request_overwrites_is_never_answered_ready_while_the_
     async def scenario() -> None:
         w, cool_slot, hot_slot = await settled(store_url)
         assert route_boxes(w.reconciler, "cool") == ["b1"]
-        lent = w.reconciler.side_slot("b1")
+        lent = await w.reconciler.side_slot("b1")
         assert (lent.slot, lent.evicts) == (cool_slot, "cool")  # the least valuable prefix gives way
         assert lent.slot is not None
         side_request(w.engine, "b1", lent.slot)
@@ -135,7 +135,7 @@ def test_a_prefix_just_answered_ready_is_not_lent(store_url: str) -> None:
     async def scenario() -> None:
         w, _, hot_slot = await settled(store_url)
         assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
-        lent = w.reconciler.side_slot("b1")  # cool's call's first turn is on its way: the busier slot goes
+        lent = await w.reconciler.side_slot("b1")  # cool's first turn is on its way: the busier slot goes
         assert (lent.slot, lent.evicts) == (hot_slot, "hot")
         await settle(w.reconciler, rounds=3)
 
@@ -150,11 +150,12 @@ def test_when_every_prefix_was_answered_within_the_window_one_answered_before_a_
         assert (await w.reconciler.ensure_warm("hot", wait_seconds=0.0)).routed
         assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
         w.clock.t += 0.5  # both first turns may be on their way: nothing to lend
-        refused = w.reconciler.side_slot("b1")
+        refused = await w.reconciler.side_slot("b1")
         assert (refused.slot, refused.evicts) == (None, None)
-        w.clock.t += 4.5  # within the 10 s protection, past a first turn's 2 s: the cheaper one goes
-        lent = w.reconciler.side_slot("b1")
-        assert (lent.slot, lent.evicts) == (cool_slot, "cool")
+        asked = w.clock.monotonic()
+        lent = await w.reconciler.side_slot("b1", wait_seconds=5.0)  # asked to wait: once past 2 s...
+        assert (lent.slot, lent.evicts) == (cool_slot, "cool")  # ...the cheaper prefix gives its slot
+        assert 1.5 < w.clock.monotonic() - asked < 2.0  # (on the fake clock: no real time passes)
         await settle(w.reconciler, rounds=3)
 
     asyncio.run(scenario())
@@ -164,7 +165,7 @@ def test_a_slot_a_call_is_sending_turns_to_is_lent_last(store_url: str) -> None:
     async def scenario() -> None:
         w, cool_slot, hot_slot = await settled(store_url)
         w.reconciler.note_call("cool", "b1", cool_slot)  # a call of cool's is sending its turns there
-        lent = w.reconciler.side_slot("b1")
+        lent = await w.reconciler.side_slot("b1")
         assert (lent.slot, lent.evicts) == (hot_slot, "hot")
         await settle(w.reconciler, rounds=3)
 
@@ -177,7 +178,7 @@ def test_a_box_whose_requests_name_no_slot_gets_no_slot_and_nothing_is_noted(sto
         engine.boxes["b1"].holds = 2
         w = world(store_url, ("b1",), ("hot", "cool"), engine=engine, min_group=1)
         await settle(w.reconciler)
-        lent = w.reconciler.side_slot("b1")
+        lent = await w.reconciler.side_slot("b1")
         assert (lent.slot, lent.evicts) == (None, None)
         assert w.reconciler.snapshot() is not None
         assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).routed
@@ -208,6 +209,10 @@ def test_the_route_lends_a_slot_names_what_it_evicts_and_refuses_an_unknown_box(
             assert body["box_id"] == "b1"
             assert body["base_url"] == "http://b1:8080"
             assert (body["slot"], body["evicts"]) == (cool_slot, "cool")
+            for bad in ("-1", "soon", "1.5", "600001"):
+                refused = await client.post(f"/v1/boxes/b1/side-slot?wait_ms={bad}")
+                assert refused.status_code == 422, bad
+                assert refused.json()["field"] == "wait_ms"
             unknown = await client.post("/v1/boxes/nope/side-slot")
             assert unknown.status_code == 404
             assert unknown.json()["field"] == "box_id"

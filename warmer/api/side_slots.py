@@ -8,14 +8,17 @@ is verified again), so asking changes state. The body is ignored.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from warmer.api.auth import require_token
+from warmer.api.prewarm import invalid
 from warmer.api.schemas import UNAUTHORIZED, UNAVAILABLE, Problem, described, unavailable
 from warmer.api.services import ApiServices
 from warmer.service.dialer.prewarm import UnknownSideRequestBox
+
+MAX_WAIT_MS = 600_000  # a bound on the number itself; the service caps the wait as it caps a pre-call ask's
 
 
 class SideSlotBody(BaseModel):
@@ -41,19 +44,35 @@ def router(services: ApiServices) -> APIRouter:
         summary="Side request: the slot a request that is no agent's call should name on the box (lent: the "
         "prefix it overwrites is not answered ready until verified again)",
         dependencies=protected,
+        openapi_extra={
+            "parameters": [
+                {
+                    "name": "wait_ms",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_MS, "default": 0},
+                    "description": "While every slot has work in flight or a prefix just answered ready, "
+                    "wait up to this long for one (capped by dialer.prewarm_max_wait_seconds); 0: at once.",
+                }
+            ]
+        },
         responses={
             200: described(SideSlotBody, "The slot to name (or none) and the prefix it overwrites"),
             404: described(Problem, "Unknown box: {field, detail}"),
+            422: described(Problem, "Bad wait_ms"),
             **UNAUTHORIZED,
             **UNAVAILABLE,
         },
     )
-    async def side_slot(box_id: str) -> JSONResponse:
+    async def side_slot(box_id: str, request: Request) -> JSONResponse:
         prewarm = services.prewarm
         if prewarm is None:
             return unavailable("pre-call answers are not configured")
+        raw = request.query_params.get("wait_ms", "0")
+        if not raw.isdigit() or int(raw) > MAX_WAIT_MS:
+            return invalid("wait_ms", f"must be a whole number of milliseconds from 0 to {MAX_WAIT_MS}")
         try:
-            answer = prewarm.side_slot(box_id)
+            answer = await prewarm.side_slot(box_id, int(raw) / 1000.0)
         except UnknownSideRequestBox as exc:
             return JSONResponse({"error": "not_found", "field": "box_id", "detail": str(exc)}, 404)
         return JSONResponse(answer.as_json())

@@ -128,8 +128,9 @@ class PrewarmBackend(Protocol):
         """A call for the agent goes to this slot of the box: its turns will land there for a while."""
         ...
 
-    def side_slot(self, box_id: str) -> SideSlot:
-        """The slot a request that is no agent's call should name on the box (noted as lent)."""
+    async def side_slot(self, box_id: str, wait_seconds: float) -> SideSlot:
+        """The slot a request that is no agent's call should name on the box (noted as lent), waiting up to
+        `wait_seconds` while every slot is protected."""
         ...
 
 
@@ -263,13 +264,16 @@ class PrewarmService:
             slot=slot,
         )
 
-    def side_slot(self, box_id: str) -> SideSlotAnswer:
-        """The slot a side request should name on `box_id` (`warmer.service.reconciler.side_requests`)."""
+    async def side_slot(self, box_id: str, wait_seconds: float = 0.0) -> SideSlotAnswer:
+        """The slot a side request should name on `box_id` (`warmer.service.reconciler.side_requests`),
+        waiting up to `wait_seconds` (capped like a pre-call ask's) while every slot is protected."""
+        if wait_seconds < 0 or not math.isfinite(wait_seconds):
+            raise PrewarmInvalid("wait_ms", "must be a finite number >= 0")
         box = self._backend.box(box_id)
         if box is None:
             raise UnknownSideRequestBox(box_id)
         try:
-            lent = self._backend.side_slot(box_id)
+            lent = await self._backend.side_slot(box_id, min(wait_seconds, self.max_wait_seconds))
         except UnknownSideBox:
             raise UnknownSideRequestBox(box_id) from None
         return SideSlotAnswer(box_id, box.base_url, lent.slot, lent.evicts, lent.detail)
@@ -325,5 +329,5 @@ class ReconcilerBackend:
     def sent(self, agent_id: str, box_id: str, slot: int) -> None:
         self._reconciler.note_call(agent_id, box_id, slot)
 
-    def side_slot(self, box_id: str) -> SideSlot:
-        return self._reconciler.side_slot(box_id)
+    async def side_slot(self, box_id: str, wait_seconds: float) -> SideSlot:
+        return await self._reconciler.side_slot(box_id, wait_seconds)

@@ -366,9 +366,9 @@ class Reconciler:
         key = (box_id, live.epoch, computed.prefix.hash)
         self._book.note_call(key, slot, self._clock.now(), self._config.precall_call_hold_seconds)
 
-    def side_slot(self, box_id: str) -> SideSlot:
+    async def side_slot(self, box_id: str, wait_seconds: float = 0.0) -> SideSlot:
         """The slot a side request (no agent's call) should name on the box (`side_requests`)."""
-        return self._side.lend(box_id)
+        return await self._side.lend(box_id, wait_seconds)
 
     def fleet(self) -> Mapping[str, BoxSpec]:
         """The boxes this reconciler may call now (config plus runtime `box.added`)."""

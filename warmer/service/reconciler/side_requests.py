@@ -34,6 +34,8 @@ from warmer.service.reconciler.restart_detection import BoxHealth
 # From the answer to the side request reaching the engine: the probe that checks the slot's prefix goes
 # after it, so it does not see the prefix before the side request overwrites it.
 SIDE_REQUEST_START_SECONDS = 2.0
+# How often a side-slot ask that waits looks again (protection is by time, in-flight work ends by itself).
+SIDE_RETRY_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +85,25 @@ class SideRequests:
         self._log = log
         self._pending: set[asyncio.Task[None]] = set()
 
-    def lend(self, box_id: str) -> SideSlot:
+    async def lend(self, box_id: str, wait_seconds: float = 0.0) -> SideSlot:
+        """The slot to name, lent now; when every slot is protected, looked at again until one is free or
+        `wait_seconds` have passed (a first turn reaches its slot, work in flight finishes)."""
         if box_id not in self._boxes:
             raise UnknownSideBox(box_id)
+        deadline = self._clock.monotonic() + max(0.0, wait_seconds)
+        while True:
+            lent = self._try_lend(box_id)
+            if lent is not None:
+                return lent
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                self._log.info("no slot to lend a side request", box=box_id, waited_seconds=wait_seconds)
+                why = "every slot has work in flight or a prefix just answered ready"
+                return SideSlot(box_id, None, None, why)
+            await self._clock.sleep(min(remaining, SIDE_RETRY_SECONDS))
+
+    def _try_lend(self, box_id: str) -> SideSlot | None:
+        """The slot lent now, the answer for a box with no slot to name, or None: every slot is protected."""
         live = self._health.live.get(box_id)
         capacity = self._health.capacity.get(box_id)
         epoch = live.epoch if live is not None else None
@@ -125,10 +143,7 @@ class SideRequests:
             if chosen is not None:
                 break
         if chosen is None:
-            self._log.info("no slot to lend a side request", box=box_id)
-            return SideSlot(
-                box_id, None, None, "every slot has work in flight or a prefix just answered ready"
-            )
+            return None
         slot, victim = chosen
         self._book.note_side_use(box_id, epoch, slot, now)
         if victim is not None and victim in refs:
