@@ -361,6 +361,9 @@ class PrefixHashPolicy(Policy):
         return {"warm_requests": len(order), "failed_attempts": failed}
 
 
+SIDE_SLOT_WAIT_MS = 3000  # a background summary waits this long at most for a slot warmer can lend
+
+
 class WarmerPolicy(Policy):
     """`POST /v1/prewarm` with the call's id; the answer's base_url serves the call."""
 
@@ -383,14 +386,14 @@ class WarmerPolicy(Policy):
 
     async def background_target(self, prompt: str, call_target: Target) -> Target:
         """The call's box, in the slot warmer lends for it (`POST /v1/boxes/{box}/side-slot`): warmer then
-        knows which prefix the summary overwrites. Unslotted when warmer names none or cannot answer."""
+        knows which prefix the summary overwrites. A summary can wait a little for a slot no first turn is
+        on its way to; unslotted when warmer names none or cannot answer."""
         unslotted = Target(call_target.base_url, call_target.box_id)
         if not self.side_slot or not self.send_slot or call_target.box_id is None:
             return unslotted
         try:
-            response = await self.client.post(
-                f"{self.api}/v1/boxes/{call_target.box_id}/side-slot", timeout=10.0
-            )
+            url = f"{self.api}/v1/boxes/{call_target.box_id}/side-slot?wait_ms={SIDE_SLOT_WAIT_MS}"
+            response = await self.client.post(url, timeout=10.0)
             slot = response.json().get("slot") if response.status_code == 200 else None
         except (httpx.TransportError, ValueError):
             return unslotted
