@@ -643,6 +643,7 @@ async def _background(
             result.cached_tokens,
             result.processed_tokens,
             target.box_id,
+            target.slot,
         )
     )
 
