@@ -7,8 +7,9 @@ Per box count:
    replicas, wait (bounded by `--ready-timeout`) until every box is ready on every replica;
 2. steady window (`--steady` s): each replica's CPU share (/proc utime+stime) and RSS; engine control
    requests per box per minute from the sim's own counters, next to warmer_engine_control_requests_total
-   summed over the replicas; transactions and rows written per second in that database
-   (pg_stat_database deltas);
+   summed over the replicas (and its health + epoch share per box per poll interval); transactions and rows
+   written per second in that database (pg_stat_database deltas); each replica's pass duration p50/p99
+   (warmer_reconcile_pass_seconds, full passes and health polls apart);
 3. restart `--restart` of the boxes at once (the sim's bulk restart route; every routed box first, the
    rest drawn at random, so the wave hits routing): per restarted box, the time
    until it is out of every replica's routes and not ready on any (p50/p99/max over the boxes that were
@@ -66,6 +67,7 @@ ADMIN_URL = os.environ.get(
 )
 POLL_SECONDS = 0.5
 CONTROL = "warmer_engine_control_requests_total"
+HEALTH_POLL_SECONDS = 5.0  # reconcile.health_poll_seconds: the replicas run the default
 PASS = "warmer_reconcile_pass_seconds"
 
 
@@ -241,6 +243,10 @@ def steady(fleet: SimFleet, replicas: list[Replica], db_name: str, seconds: floa
     time.sleep(seconds)
     t1, cpu1, sim1, sim_counts1, pg1, metrics1 = snapshot()
     control0, control1 = (sum(metric_sum(m, CONTROL) for m in ms) for ms in (metrics0, metrics1))
+    polls0, polls1 = (
+        sum(metric_sum(m, CONTROL, {"kind": kind}) for m in ms for kind in ("health", "epoch"))
+        for ms in (metrics0, metrics1)
+    )
     elapsed = t1 - t0
     boxes = len(fleet.boxes)
     control = sim_counts1.get("control", 0) - sim_counts0.get("control", 0)
@@ -252,6 +258,10 @@ def steady(fleet: SimFleet, replicas: list[Replica], db_name: str, seconds: floa
         "sim_cpu_percent": round(100 * (sum(sim1) - sum(sim0)) / elapsed, 1),
         "control_per_box_per_minute_sim": round(control / boxes / elapsed * 60, 2),
         "control_per_box_per_minute_warmer": round((control1 - control0) / boxes / elapsed * 60, 2),
+        # the bound: health and epoch requests per box per health poll interval, all replicas
+        "health_epoch_per_box_per_interval": round(
+            (polls1 - polls0) / boxes / elapsed * HEALTH_POLL_SECONDS, 2
+        ),
         "work_requests_per_second_sim": round(
             (sim_counts1.get("work", 0) - sim_counts0.get("work", 0)) / elapsed, 2
         ),

@@ -27,13 +27,15 @@ def test_a_tiny_run_reports_every_figure() -> None:
     # the lease holders poll the boxes: the sim counts the control requests, so does warmer
     assert steady["control_per_box_per_minute_sim"] > 0
     assert steady["control_per_box_per_minute_warmer"] > 0
+    assert steady["health_epoch_per_box_per_interval"] > 0
     assert steady["db_transactions_per_second"] > 0  # heartbeats and observations reach the database
     # both kinds of pass ran on each replica during the window, and each p99 is at least its p50
     for kind in ("full", "health"):
         quantiles = steady["pass_seconds"][kind]
         assert len(quantiles["p50"]) == len(quantiles["p99"]) == 2
         for p50, p99 in zip(quantiles["p50"], quantiles["p99"], strict=True):
-            assert p50 is not None and p99 is not None
+            assert p50 is not None
+            assert p99 is not None
             assert 0 < p50 <= p99
     restart = result["restart"]
     assert restart["restarted"] == 2

@@ -274,9 +274,9 @@ class BoxHealth:
         live.healthy, live.health_error, live.health_error_kind, live.slow_polls = True, None, None, 0
 
     def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
-        """A restart: the new process starts cold (the view changes now); its capacity read, its epoch
-        stored and its warm-up resumed if begun follow for every new process of the round (`_settle_new`)."""
-        self._book.keep_only_epoch(box.id, epoch)
+        """A restart: the new process starts cold (the view changes now: its records, keyed by epoch, no
+        longer match); the old records dropped, its capacity read, its epoch stored and its warm-up resumed if
+        begun follow for every new process of the round (`_settle_new`)."""
         fresh = BoxLive(
             healthy=True, epoch=epoch, healthy_since=now, healthy_since_mono=self._clock.monotonic()
         )
@@ -295,6 +295,9 @@ class BoxHealth:
         settling, self._settling = self._settling, {}
         if not settling:
             return
+        self._book.keep_only_epochs(
+            {box_id: live.epoch for box_id in settling if (live := self.live.get(box_id)) and live.epoch}
+        )
 
         async def read(box: BoxSpec) -> None:
             async with limit:
