@@ -104,6 +104,9 @@ class BoxHealth:
         self._capacity_poll_seconds = capacity_poll_seconds  # 0: read only for a new process
         self._prefix_budget = prefix_budget or PrefixBudgetPolicy()
         self._capacity_read_at: dict[str, float] = {}  # box id -> monotonic seconds of its last reading
+        self._capacity_epoch: dict[
+            str, str | None
+        ] = {}  # box id -> the epoch its figures in force were read in
         self.suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
         # Health and epoch writes the in-memory view is already ahead of, oldest first, one per key.
         self._unwritten: dict[tuple[object, ...], Callable[[], Awaitable[object]]] = {}
@@ -370,6 +373,8 @@ class BoxHealth:
         before = self.capacity.get(box.id)
         after = capacity_in_force(None if fresh else before, read, self._prefix_budget)
         self.capacity[box.id] = after
+        live = self.live.get(box.id)
+        self._capacity_epoch[box.id] = None if live is None else live.epoch
         shape = (after.prefixes, after.pool_tokens, after.pinnable_slots, after.source)
         if (
             before is None
@@ -397,8 +402,11 @@ class BoxHealth:
         return before is None or (before.prefixes, before.tokens) != (after.prefixes, after.tokens)
 
     async def _follow_load(self, boxes: Sequence[BoxSpec], limit: asyncio.Semaphore) -> bool:
-        """Read the capacity of every healthy box whose last reading is `capacity_poll_seconds` old,
-        concurrently under the poll's bound; True when any figures in force changed."""
+        """Read the capacity of every healthy box whose last reading is `capacity_poll_seconds` old and
+        can have moved since: a shared token pool (its free share follows load), or no figures read in its
+        current epoch yet. A reading without a pool (llama.cpp's slots) is fixed for the process: read once
+        per epoch, not every period on every replica. Concurrently under the poll's bound; True when any
+        figures in force changed."""
         if self._capacity_poll_seconds <= 0:
             return False
         now = self._clock.monotonic()
@@ -407,6 +415,11 @@ class BoxHealth:
             for box in boxes
             if (live := self.live.get(box.id)) is not None
             and live.healthy
+            and (
+                (held := self.capacity.get(box.id)) is None
+                or held.pool_tokens is not None
+                or self._capacity_epoch.get(box.id) != live.epoch
+            )
             and now - self._capacity_read_at.get(box.id, -math.inf) >= self._capacity_poll_seconds
         ]
 
@@ -431,6 +444,7 @@ class BoxHealth:
         fail on every pass."""
         self.capacity.pop(box_id, None)
         self._capacity_read_at.pop(box_id, None)
+        self._capacity_epoch.pop(box_id, None)
         self._polled_at.pop(box_id, None)
         self._superseded.pop(box_id, None)
         self.live.pop(box_id, None)
