@@ -55,6 +55,9 @@ from warmer.service.reconciler.health_sharing import HealthSharing, HolderPolls
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
 
+# Seconds between the store writes of a box's epoch seen again by its polls (`BoxHealth._sighting_due`).
+EPOCH_SIGHTING_SECONDS = 60.0
+
 
 class Health(NamedTuple):
     """One box's answer to a poll."""
@@ -119,6 +122,8 @@ class BoxHealth:
         # box id -> the epoch a `recheck` here saw replaced on a box another replica polls: its holder's
         # observation from before that restart never takes the box back to the dead process
         self._superseded: dict[str, str] = {}
+        # box id -> (epoch, monotonic seconds) of its last sighting queued for the store (`_sighting_due`)
+        self._sighted: dict[str, tuple[str, float]] = {}
         self._settling: dict[str, BoxSpec] = {}  # new processes seen, their reading and writes to follow
 
     # ------------------------------------------------------------------------------------------- polling
@@ -269,7 +274,8 @@ class BoxHealth:
             self._new_epoch(box, epoch, live, now)
             return
         if self._owns(box.id):
-            self._write_later((box.id, "epoch", epoch), EpochSeen(self._store, box.id, epoch, now))
+            if self._sighting_due(box.id, epoch):
+                self._write_later((box.id, "epoch", epoch), EpochSeen(self._store, box.id, epoch, now))
             if not live.healthy:
                 self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
         if not live.healthy and live.health_error is not None:
@@ -290,6 +296,7 @@ class BoxHealth:
         self._settling[box.id] = box
         if self._owns(box.id):  # else another replica holds the box: its warm-up is read from its phases
             self._write_later(key, NewEpoch(self._store, box.id, epoch, now))
+            self._sighted[box.id] = (epoch, self._clock.monotonic())
 
     async def _settle_new(self, limit: asyncio.Semaphore) -> None:
         """The new processes seen since the last call: their capacity read (concurrently, under `limit`),
@@ -325,6 +332,18 @@ class BoxHealth:
                 _resume_warmup(live, phases.get(box_id, []))
 
     # ------------------------------------------------------------------------------------- store writes
+
+    def _sighting_due(self, box_id: str, epoch: str) -> bool:
+        """Whether a poll's sighting of the box's known epoch goes to the store: the first in this replica,
+        else once per `EPOCH_SIGHTING_SECONDS`. A sighting only moves the epoch's last-seen time (history
+        no decision reads) and re-asserts an epoch the store already holds; written at every poll it was a
+        row per box per poll interval, the bulk of the database's writes at a few hundred boxes."""
+        now = self._clock.monotonic()
+        last = self._sighted.get(box_id)
+        if last is not None and last[0] == epoch and now - last[1] < EPOCH_SIGHTING_SECONDS:
+            return False
+        self._sighted[box_id] = (epoch, now)
+        return True
 
     def _write_later(self, key: tuple[object, ...], write: Callable[[], Awaitable[object]]) -> None:
         """Queue a store write behind the ones already waiting (one per `key`, (box id, what, ...): the
@@ -447,6 +466,7 @@ class BoxHealth:
         self._capacity_epoch.pop(box_id, None)
         self._polled_at.pop(box_id, None)
         self._superseded.pop(box_id, None)
+        self._sighted.pop(box_id, None)
         self.live.pop(box_id, None)
         self._unwritten = {k: w for k, w in self._unwritten.items() if k[:2] != (box_id, "epoch")}
 
