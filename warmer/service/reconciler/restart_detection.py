@@ -107,9 +107,8 @@ class BoxHealth:
         self._capacity_poll_seconds = capacity_poll_seconds  # 0: read only for a new process
         self._prefix_budget = prefix_budget or PrefixBudgetPolicy()
         self._capacity_read_at: dict[str, float] = {}  # box id -> monotonic seconds of its last reading
-        self._capacity_epoch: dict[
-            str, str | None
-        ] = {}  # box id -> the epoch its figures in force were read in
+        # box id -> the epoch its capacity figures in force were read in
+        self._capacity_epoch: dict[str, str | None] = {}
         self.suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
         # Health and epoch writes the in-memory view is already ahead of, oldest first, one per key.
         self._unwritten: dict[tuple[object, ...], Callable[[], Awaitable[object]]] = {}
