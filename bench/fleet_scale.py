@@ -13,9 +13,11 @@ Per box count:
 3. restart `--restart` of the boxes at once (the sim's bulk restart route; every routed box first, the
    rest drawn at random, so the wave hits routing): per restarted box, the time
    until it is out of every replica's routes and not ready on any (p50/p99/max over the boxes that were
-   routed), the time until every agent is routed again on every replica with as many routes as before,
-   and until every restarted box is ready again everywhere; next to the shortest time the fleet warm
-   budget (warmer_fleet_warm_budget_tokens_per_second) allows for the tokens the restarted boxes held.
+   routed; their readiness read every round, `POLL_SECONDS`, one light request per box and replica), the
+   time until every agent is routed again on every replica with as many routes as before, and until every
+   restarted box is ready again everywhere (from every box's full view, read every `VIEW_SECONDS`); next
+   to the shortest time the fleet warm budget (warmer_fleet_warm_budget_tokens_per_second) allows for the
+   tokens the restarted boxes held.
 
 warmer has no call volumes here (no usage records are fed), so "routed warm again" is "every agent routed
 with its pre-restart number of routes on every replica", not "99% of call volume".
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -66,6 +69,7 @@ ADMIN_URL = os.environ.get(
     "WARMER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 POLL_SECONDS = 0.5
+VIEW_SECONDS = 5.0  # the restart wave reads every box's full view this often (per-box readiness each round)
 CONTROL = "warmer_engine_control_requests_total"
 HEALTH_POLL_SECONDS = 5.0  # reconcile.health_poll_seconds: the replicas run the default
 PASS = "warmer_reconcile_pass_seconds"
@@ -149,6 +153,14 @@ class Replica:
         response = self.client.get(f"{self.url}/v1/boxes")
         response.raise_for_status()
         return {box["id"]: box for box in response.json()["boxes"]}
+
+    def ready(self, box_id: str) -> tuple[bool, float | None]:
+        """The box's readiness here and since when (`GET /v1/boxes/{id}/ready`: 200 ready, 503 not)."""
+        response = self.client.get(f"{self.url}/v1/boxes/{box_id}/ready")
+        if response.status_code not in (200, 503):
+            response.raise_for_status()
+        body = response.json()
+        return bool(body["ready"]), body.get("since")
 
     def route_table(self) -> dict[str, Any]:
         response = self.client.get(f"{self.url}/v1/routes")
@@ -310,40 +322,50 @@ def restart_wave(
     agents_before = {agent: len(b) for agent, b in before[0].items()}
     budget = max(metric_sum(r.metrics(), "warmer_fleet_warm_budget_tokens_per_second") for r in replicas)
 
-    start = time.monotonic()
+    start, started_wall = time.monotonic(), time.time()
     fleet.restart(picked)
     out_at: dict[tuple[int, str], float] = {}  # (replica, box): first seen not ready or not routed there
     gone_at: dict[str, float] = {}  # every replica has taken the box out (the last of them)
     back_at: dict[str, float] = {}  # ready again on every replica, after that
     routed_again: float | None = None
     polls, poll_seconds = 0, []
+    views: list[dict[str, dict[str, Any]]] = []
+    viewed_at = -math.inf
     while time.monotonic() - start < timeout:
         for replica in replicas:
             replica.alive()
         t_poll = time.monotonic()
+        # Each round: the routes, and the readiness of each routed restarted box not yet out everywhere, one
+        # light request each; every box's full view (heavy at 1,000 boxes) only every VIEW_SECONDS.
+        watched = sorted(b for b in routed_restarted if b not in gone_at)
         try:
-            views = [r.boxes() for r in replicas]
             routes = [r.routes() for r in replicas]
+            readiness = [{b: r.ready(b) for b in watched} for r in replicas]
+            if t_poll - viewed_at >= VIEW_SECONDS:
+                views, viewed_at = [r.boxes() for r in replicas], t_poll
         except httpx.TransportError:
             continue
         now = time.monotonic() - start
         polls += 1
         poll_seconds.append(time.monotonic() - t_poll)
-        for k, (view, table) in enumerate(zip(views, routes, strict=True)):
+        for k, (seen, table) in enumerate(zip(readiness, routes, strict=True)):
             routed_here = set().union(*table.values())
+            for box_id, (ready, since) in seen.items():
+                # out: not ready, ready again since the wave (out and back between two rounds), or unrouted
+                back = since is not None and since >= started_wall
+                if (not ready or back or box_id not in routed_here) and (k, box_id) not in out_at:
+                    out_at[(k, box_id)] = now
+        for k, view in enumerate(views if viewed_at == t_poll else []):
             for box_id in ids:
-                out = (
-                    not is_ready(view[box_id])
-                    or view[box_id]["epoch"] != epochs[box_id]  # out and back between two polls
-                    or (box_id in routed_restarted and box_id not in routed_here)
-                )
+                out = not is_ready(view[box_id]) or view[box_id]["epoch"] != epochs[box_id]
                 if out and (k, box_id) not in out_at:
                     out_at[(k, box_id)] = now
         for box_id in ids:
             if box_id not in gone_at and all((k, box_id) in out_at for k in range(len(replicas))):
                 gone_at[box_id] = max(out_at[(k, box_id)] for k in range(len(replicas)))
             if (
-                box_id in gone_at
+                viewed_at == t_poll
+                and box_id in gone_at
                 and box_id not in back_at
                 and all(is_ready(v[box_id]) and v[box_id]["epoch"] != epochs[box_id] for v in views)
             ):
