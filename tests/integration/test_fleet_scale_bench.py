@@ -17,9 +17,10 @@ pytestmark = pytest.mark.integration
 def test_a_tiny_run_reports_every_figure() -> None:
     args = argparse.Namespace(
         replicas=2, agents=2, steady=6.0, restart=0.2, ready_timeout=120.0, restart_timeout=90.0,
-        sim_processes=1,
+        sim_processes=1, min_ready_share=1.0,
     )  # fmt: skip
     result = run_one(10, args)
+    assert result["ready_seconds"] is not None  # every box ready on both replicas
     steady = result["steady"]
     assert len(steady["replica_cpu_percent"]) == len(steady["replica_rss_mib"]) == 2
     assert all(cpu >= 0 for cpu in steady["replica_cpu_percent"])
