@@ -7,14 +7,17 @@ Per box count:
    replicas, wait (bounded by `--ready-timeout`) until every box is ready on every replica;
 2. steady window (`--steady` s): each replica's CPU share (/proc utime+stime) and RSS; engine control
    requests per box per minute from the sim's own counters, next to warmer_engine_control_requests_total
-   summed over the replicas; transactions and rows written per second in that database
-   (pg_stat_database deltas);
+   summed over the replicas (and its health + epoch share per box per poll interval); transactions and rows
+   written per second in that database (pg_stat_database deltas); each replica's pass duration p50/p99
+   (warmer_reconcile_pass_seconds, full passes and health polls apart);
 3. restart `--restart` of the boxes at once (the sim's bulk restart route; every routed box first, the
    rest drawn at random, so the wave hits routing): per restarted box, the time
    until it is out of every replica's routes and not ready on any (p50/p99/max over the boxes that were
-   routed), the time until every agent is routed again on every replica with as many routes as before,
-   and until every restarted box is ready again everywhere; next to the shortest time the fleet warm
-   budget (warmer_fleet_warm_budget_tokens_per_second) allows for the tokens the restarted boxes held.
+   routed; their readiness read every round, `POLL_SECONDS`, one light request per box and replica), the
+   time until every agent is routed again on every replica with as many routes as before, and until every
+   restarted box is ready again everywhere (from every box's full view, read every `VIEW_SECONDS`); next
+   to the shortest time the fleet warm budget (warmer_fleet_warm_budget_tokens_per_second) allows for the
+   tokens the restarted boxes held.
 
 warmer has no call volumes here (no usage records are fed), so "routed warm again" is "every agent routed
 with its pre-restart number of routes on every replica", not "99% of call volume".
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -45,7 +49,9 @@ from sqlalchemy import create_engine, make_url, text
 
 from bench.fleet_scale_figures import (
     PG_COUNTERS,
+    bucket_quantile,
     cpu_seconds,
+    histogram_buckets,
     loglog_slope,
     metric_sum,
     percentile,
@@ -63,6 +69,10 @@ ADMIN_URL = os.environ.get(
     "WARMER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 POLL_SECONDS = 0.5
+VIEW_SECONDS = 5.0  # the restart wave reads every box's full view this often (per-box readiness each round)
+CONTROL = "warmer_engine_control_requests_total"
+HEALTH_POLL_SECONDS = 5.0  # reconcile.health_poll_seconds: the replicas run the default
+PASS = "warmer_reconcile_pass_seconds"
 
 
 def load() -> str:
@@ -144,6 +154,14 @@ class Replica:
         response.raise_for_status()
         return {box["id"]: box for box in response.json()["boxes"]}
 
+    def ready(self, box_id: str) -> tuple[bool, float | None]:
+        """The box's readiness here and since when (`GET /v1/boxes/{id}/ready`: 200 ready, 503 not)."""
+        response = self.client.get(f"{self.url}/v1/boxes/{box_id}/ready")
+        if response.status_code not in (200, 503):
+            response.raise_for_status()
+        body = response.json()
+        return bool(body["ready"]), body.get("since")
+
     def route_table(self) -> dict[str, Any]:
         response = self.client.get(f"{self.url}/v1/routes")
         response.raise_for_status()
@@ -202,8 +220,10 @@ def ready_counts(replicas: list[Replica]) -> list[int]:
     return [sum(1 for box in r.boxes().values() if is_ready(box)) for r in replicas]
 
 
-def wait_ready(replicas: list[Replica], boxes: int, timeout: float) -> float:
-    """Seconds until every box is ready on every replica; RuntimeError (with the counts) past `timeout`."""
+def wait_ready(replicas: list[Replica], boxes: int, timeout: float, min_share: float) -> dict[str, Any]:
+    """Seconds until every box is ready on every replica. Past `timeout`, the counts and why the boxes
+    left are not ready (a few per replica) when every replica has at least `min_share` of the boxes ready,
+    so the rest of the run still measures; else RuntimeError with the counts."""
     start = time.monotonic()
     counts: list[int] = []
     while time.monotonic() - start < timeout:
@@ -214,28 +234,45 @@ def wait_ready(replicas: list[Replica], boxes: int, timeout: float) -> float:
         except httpx.TransportError:
             counts = []
         if counts and all(c == boxes for c in counts):
-            return time.monotonic() - start
+            return {"ready_seconds": round(time.monotonic() - start, 1)}
         time.sleep(2.0)
-    raise RuntimeError(f"not every box ready on every replica after {timeout:.0f}s: ready counts {counts}")
+    if not counts or min(counts) < min_share * boxes:
+        raise RuntimeError(
+            f"not every box ready on every replica after {timeout:.0f}s: ready counts {counts}"
+        )
+    not_ready = [
+        {b: box["ready"]["reasons"][:1] for b, box in sorted(r.boxes().items()) if not is_ready(box)}
+        for r in replicas
+    ]
+    return {
+        "ready_seconds": None,
+        "ready_counts_at_timeout": counts,
+        "not_ready_at_timeout": [dict(list(found.items())[:10]) for found in not_ready],
+    }
 
 
 def steady(fleet: SimFleet, replicas: list[Replica], db_name: str, seconds: float) -> dict[str, Any]:
     pids = [r.process.pid for r in replicas]
     sim_pids = [p.pid for p in fleet.processes]
 
-    def snapshot() -> tuple[float, list[float], list[float], dict[str, int], dict[str, int], float]:
+    def snapshot() -> tuple[float, list[float], list[float], dict[str, int], dict[str, int], list[str]]:
         return (
             time.monotonic(),
             [cpu_seconds(p) for p in pids],
             [cpu_seconds(p) for p in sim_pids],
             dict(fleet.stats()["totals"]),
             pg_counters(db_name),
-            sum(metric_sum(r.metrics(), "warmer_engine_control_requests_total") for r in replicas),
+            [r.metrics() for r in replicas],
         )
 
-    t0, cpu0, sim0, sim_counts0, pg0, control0 = snapshot()
+    t0, cpu0, sim0, sim_counts0, pg0, metrics0 = snapshot()
     time.sleep(seconds)
-    t1, cpu1, sim1, sim_counts1, pg1, control1 = snapshot()
+    t1, cpu1, sim1, sim_counts1, pg1, metrics1 = snapshot()
+    control0, control1 = (sum(metric_sum(m, CONTROL) for m in ms) for ms in (metrics0, metrics1))
+    polls0, polls1 = (
+        sum(metric_sum(m, CONTROL, {"kind": kind}) for m in ms for kind in ("health", "epoch"))
+        for ms in (metrics0, metrics1)
+    )
     elapsed = t1 - t0
     boxes = len(fleet.boxes)
     control = sim_counts1.get("control", 0) - sim_counts0.get("control", 0)
@@ -247,6 +284,10 @@ def steady(fleet: SimFleet, replicas: list[Replica], db_name: str, seconds: floa
         "sim_cpu_percent": round(100 * (sum(sim1) - sum(sim0)) / elapsed, 1),
         "control_per_box_per_minute_sim": round(control / boxes / elapsed * 60, 2),
         "control_per_box_per_minute_warmer": round((control1 - control0) / boxes / elapsed * 60, 2),
+        # the issue's bound: health and epoch requests per box per health poll interval, all replicas
+        "health_epoch_per_box_per_interval": round(
+            (polls1 - polls0) / boxes / elapsed * HEALTH_POLL_SECONDS, 2
+        ),
         "work_requests_per_second_sim": round(
             (sim_counts1.get("work", 0) - sim_counts0.get("work", 0)) / elapsed, 2
         ),
@@ -256,7 +297,24 @@ def steady(fleet: SimFleet, replicas: list[Replica], db_name: str, seconds: floa
         "db_rows_by_kind_per_second": {
             k: round(rates[k], 1) for k in ("tup_inserted", "tup_updated", "tup_deleted")
         },
+        "pass_seconds": pass_quantiles(metrics0, metrics1),
     }
+
+
+def pass_quantiles(before: list[str], after: list[str]) -> dict[str, dict[str, list[float | None]]]:
+    """Per kind of pass (full, health), each replica's p50 and p99 pass duration over the window, from
+    warmer_reconcile_pass_seconds (upper bounds of the histogram's buckets)."""
+    out: dict[str, dict[str, list[float | None]]] = {}
+    for kind in ("full", "health"):
+        pairs = [
+            (histogram_buckets(b, PASS, {"kind": kind}), histogram_buckets(a, PASS, {"kind": kind}))
+            for b, a in zip(before, after, strict=True)
+        ]
+        out[kind] = {
+            f"p{round(share * 100)}": [bucket_quantile(b, a, share) for b, a in pairs]
+            for share in (0.5, 0.99)
+        }
+    return out
 
 
 def restart_wave(
@@ -278,40 +336,50 @@ def restart_wave(
     agents_before = {agent: len(b) for agent, b in before[0].items()}
     budget = max(metric_sum(r.metrics(), "warmer_fleet_warm_budget_tokens_per_second") for r in replicas)
 
-    start = time.monotonic()
+    start, started_wall = time.monotonic(), time.time()
     fleet.restart(picked)
     out_at: dict[tuple[int, str], float] = {}  # (replica, box): first seen not ready or not routed there
     gone_at: dict[str, float] = {}  # every replica has taken the box out (the last of them)
     back_at: dict[str, float] = {}  # ready again on every replica, after that
     routed_again: float | None = None
     polls, poll_seconds = 0, []
+    views: list[dict[str, dict[str, Any]]] = []
+    viewed_at = -math.inf
     while time.monotonic() - start < timeout:
         for replica in replicas:
             replica.alive()
         t_poll = time.monotonic()
+        # Each round: the routes, and the readiness of each routed restarted box not yet out everywhere, one
+        # light request each; every box's full view (heavy at 1,000 boxes) only every VIEW_SECONDS.
+        watched = sorted(b for b in routed_restarted if b not in gone_at)
         try:
-            views = [r.boxes() for r in replicas]
             routes = [r.routes() for r in replicas]
+            readiness = [{b: r.ready(b) for b in watched} for r in replicas]
+            if t_poll - viewed_at >= VIEW_SECONDS:
+                views, viewed_at = [r.boxes() for r in replicas], t_poll
         except httpx.TransportError:
             continue
         now = time.monotonic() - start
         polls += 1
         poll_seconds.append(time.monotonic() - t_poll)
-        for k, (view, table) in enumerate(zip(views, routes, strict=True)):
+        for k, (seen, table) in enumerate(zip(readiness, routes, strict=True)):
             routed_here = set().union(*table.values())
+            for box_id, (ready, since) in seen.items():
+                # out: not ready, ready again since the wave (out and back between two rounds), or unrouted
+                back = since is not None and since >= started_wall
+                if (not ready or back or box_id not in routed_here) and (k, box_id) not in out_at:
+                    out_at[(k, box_id)] = now
+        for k, view in enumerate(views if viewed_at == t_poll else []):
             for box_id in ids:
-                out = (
-                    not is_ready(view[box_id])
-                    or view[box_id]["epoch"] != epochs[box_id]  # out and back between two polls
-                    or (box_id in routed_restarted and box_id not in routed_here)
-                )
+                out = not is_ready(view[box_id]) or view[box_id]["epoch"] != epochs[box_id]
                 if out and (k, box_id) not in out_at:
                     out_at[(k, box_id)] = now
         for box_id in ids:
             if box_id not in gone_at and all((k, box_id) in out_at for k in range(len(replicas))):
                 gone_at[box_id] = max(out_at[(k, box_id)] for k in range(len(replicas)))
             if (
-                box_id in gone_at
+                viewed_at == t_poll
+                and box_id in gone_at
                 and box_id not in back_at
                 and all(is_ready(v[box_id]) and v[box_id]["epoch"] != epochs[box_id] for v in views)
             ):
@@ -371,7 +439,7 @@ def run_one(boxes: int, args: argparse.Namespace) -> dict[str, Any]:
         agents_dir = tmp / "agents"
         write_agents(agents_dir, args.agents)
         replicas = stack.enter_context(running_replicas(tmp, fleet, agents_dir, url, args.replicas))
-        result["ready_seconds"] = round(wait_ready(replicas, boxes, args.ready_timeout), 1)
+        result.update(wait_ready(replicas, boxes, args.ready_timeout, args.min_ready_share))
         print(f"# ready after {result['ready_seconds']}s, load {load()}", file=sys.stderr, flush=True)
         result["steady"] = steady(fleet, replicas, db_name, args.steady)
         result["load_after_steady"] = load()
@@ -416,6 +484,12 @@ def main() -> int:
     parser.add_argument("--steady", type=float, default=60.0, help="steady window seconds")
     parser.add_argument("--restart", type=float, default=0.2, help="share of boxes restarted at once")
     parser.add_argument("--ready-timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--min-ready-share",
+        type=float,
+        default=0.99,
+        help="past --ready-timeout, measure on if every replica has this share of the boxes ready",
+    )
     parser.add_argument("--restart-timeout", type=float, default=600.0)
     parser.add_argument("--sim-processes", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None)

@@ -5,15 +5,18 @@ eviction, and engine work logs say which box, prefix, action and agent they are 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
 
 import structlog
 from structlog.testing import capture_logs
 
 from tests.unit.reconciler_fakes import FakeEngine, FencedOutStore, World, route_boxes, settle, world
+from warmer.adapters.store import SqlStore
 from warmer.core.errors import EngineSlow, EngineUnavailable
 from warmer.core.model import BoxSpec, CompletionReport, Prefix, WarmState
 from warmer.core.planner import PlannerConfig, WarmBudget
+from warmer.service.reconciler.restart_detection import EPOCH_SIGHTING_SECONDS
 from warmer.service.views.status import StatusService
 from warmer.testing import is_probe
 
@@ -261,3 +264,38 @@ def test_engine_work_logs_name_the_box_prefix_action_and_agent(store_url: str) -
         assert (entry["box"], entry["action"], entry["agent"]) == ("b1", "warm", "sales")
         assert entry["prefix"]
     assert "action" not in structlog.contextvars.get_contextvars()  # bound only while the work runs
+
+
+class SightingStore(SqlStore):
+    """The real store, recording which boxes' known epochs each sighting write names."""
+
+    sightings: list[str]
+
+    async def record_epochs(
+        self, seen: Sequence[tuple[str, str, float]], *, drop_others: bool = False
+    ) -> frozenset[str]:
+        if not drop_others:
+            self.sightings = [*getattr(self, "sightings", []), *(box_id for box_id, _, _ in seen)]
+        return await super().record_epochs(seen, drop_others=drop_others)
+
+
+def test_a_known_epoch_seen_again_is_written_once_a_minute_not_at_every_poll(store_url: str) -> None:
+    async def scenario() -> None:
+        w = world(store_url, store_class=SightingStore)
+        store = w.store
+        assert isinstance(store, SightingStore)
+        await settle(w.reconciler)
+        store.sightings = []
+        for _ in range(3):  # three polls within the minute: the store already holds these epochs
+            w.clock.t += 5.0
+            await w.reconciler.poll_health()
+        assert store.sightings == []
+        w.clock.t += EPOCH_SIGHTING_SECONDS
+        await w.reconciler.poll_health()
+        assert sorted(store.sightings) == ["b1", "b2"]
+        w.engine.restart("b1")  # a new process is written at once, whatever the minute
+        await w.reconciler.poll_health()
+        assert await store.current_epoch("b1") == "gen-1"
+        await store.close()
+
+    asyncio.run(scenario())

@@ -67,7 +67,7 @@ def test_a_prefix_whose_slot_was_lent_is_at_risk_until_verified_after_the_lend()
     )
     assert not book.at_risk(key, 200.0, hold=60.0)
     book.note_side_use("b1", "e1", 1, 170.0)
-    book.keep_only_epoch("b1", "e2")  # a restart: the old process's lends go with it
+    book.keep_only_epochs({"b1": "e2"})  # a restart: the old process's lends go with it
     assert book.side_uses == {}
 
 

@@ -15,6 +15,7 @@ import httpx
 
 from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.engines.hosted import AnthropicEngine, OpenAIHostedEngine
+from warmer.adapters.engines.http import ControlPool
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.adapters.engines.sglang import SglangEngine
@@ -23,7 +24,7 @@ from warmer.config.settings import Settings
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile
 from warmer.ports import EnginePort
-from warmer.root.http import http_client
+from warmer.root.http import http_client, pooled_transport
 
 
 class SystemClock:
@@ -42,10 +43,12 @@ class SystemClock:
 def engine_http_client(
     settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """The shared client for engine and gateway traffic. Per-call timeouts are set by the adapters; this
-    is the fallback bound."""
+    """The shared client for engine and gateway traffic: engine control reads on a connection pool of
+    their own (`ControlPool`), so no poll waits behind the fleet's warm-ups; `transport` replaces both in
+    tests. Per-call timeouts are set by the adapters; this is the fallback bound."""
     timeouts = settings.engine_timeouts()
-    return http_client(timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect), transport=transport)
+    pools = transport or ControlPool(control=pooled_transport(), work=pooled_transport())
+    return http_client(timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect), transport=pools)
 
 
 def hosted_api_keys(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:

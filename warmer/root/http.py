@@ -47,6 +47,12 @@ def http_client(
     )
 
 
+def pooled_transport(*, verify: str | bool = True) -> httpx.AsyncHTTPTransport:
+    """A connection pool with the shared settings, for a client that splits its traffic over several
+    (`warmer.adapters.engines.http.ControlPool`)."""
+    return httpx.AsyncHTTPTransport(verify=verify, limits=LIMITS, trust_env=False)
+
+
 def sync_http_client(
     *,
     timeout: httpx.Timeout = DEFAULT_TIMEOUT,

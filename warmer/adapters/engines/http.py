@@ -58,6 +58,27 @@ def count_control_requests(client: httpx.AsyncClient, count: Callable[[str], Non
     client.event_hooks = {**hooks, "request": [*hooks.get("request", []), on_request]}
 
 
+class ControlPool(httpx.AsyncBaseTransport):
+    """Control reads (requests inside a `control_request` block: health, epoch, capacity, metrics) on a
+    connection pool of their own, the engine work (warm-ups, warms, probes) on another. On one pool, a
+    region restart's warm-ups hold connections for whole prefills, and the health polls queue behind them
+    until they time out in the pool: boxes counted slow or down because warmer itself was busy."""
+
+    def __init__(self, control: httpx.AsyncBaseTransport, work: httpx.AsyncBaseTransport) -> None:
+        self._control = control
+        self._work = work
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        pool = self._control if CONTROL_KIND.get() is not None else self._work
+        return await pool.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        try:
+            await self._control.aclose()
+        finally:
+            await self._work.aclose()
+
+
 _BODY_EXCERPT_CHARS = 200
 
 

@@ -83,12 +83,18 @@ class WarmBook:
         """Verifications of the box older than this do not count as warm until re-probed."""
         return self.trusted_after if self.trusted_since is None else self.trusted_since(box_id)
 
-    def keep_only_epoch(self, box_id: str, epoch: str) -> None:
-        """A new process holds nothing of the old one's: the box's other epochs' records and pins go."""
-        self.records = {k: r for k, r in self.records.items() if k[0] != box_id or k[1] == epoch}
-        self.pins = {k: s for k, s in self.pins.items() if k[0] != box_id or k[1] == epoch}
-        self.slot_calls = {k: c for k, c in self.slot_calls.items() if k[0] != box_id or k[1] == epoch}
-        self.side_uses = {k: t for k, t in self.side_uses.items() if k[0] != box_id or k[1] == epoch}
+    def keep_only_epochs(self, epochs: Mapping[str, str]) -> None:
+        """New processes hold nothing of the old ones': each box's (box id -> its new epoch) records and
+        pins of other epochs go, in one pass over the book however many boxes restarted."""
+
+        def kept(key: tuple[str, str, object]) -> bool:
+            epoch = epochs.get(key[0])
+            return epoch is None or key[1] == epoch
+
+        self.records = {k: r for k, r in self.records.items() if kept(k)}
+        self.pins = {k: s for k, s in self.pins.items() if kept(k)}
+        self.slot_calls = {k: c for k, c in self.slot_calls.items() if kept(k)}
+        self.side_uses = {k: t for k, t in self.side_uses.items() if kept(k)}
 
     def forget_box(self, box_id: str) -> None:
         self.records = {k: r for k, r in self.records.items() if k[0] != box_id}

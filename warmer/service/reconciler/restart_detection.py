@@ -37,7 +37,6 @@ queued); split, each half would need the other's internals.
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -47,14 +46,17 @@ import structlog
 from warmer.core.capacity import PrefixBudgetPolicy, capacity_in_force
 from warmer.core.errors import EngineDown, EngineSlow, HealthFailure, LeaseLost, StoreError, WarmerError
 from warmer.core.event_kinds import EventKind
-from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
+from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName, PhaseRecord
 from warmer.core.observations import StoredObservation
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, EnginePort, StorePort
-from warmer.service.reconciler.epoch_writes import EpochSeen, write_epochs_seen
+from warmer.service.reconciler.epoch_writes import EpochSeen, EventLater, NewEpoch, write_batch
 from warmer.service.reconciler.health_sharing import HealthSharing, HolderPolls
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
+
+# Seconds between the store writes of a box's epoch seen again by its polls (`BoxHealth._sighting_due`).
+EPOCH_SIGHTING_SECONDS = 60.0
 
 
 class Health(NamedTuple):
@@ -105,6 +107,8 @@ class BoxHealth:
         self._capacity_poll_seconds = capacity_poll_seconds  # 0: read only for a new process
         self._prefix_budget = prefix_budget or PrefixBudgetPolicy()
         self._capacity_read_at: dict[str, float] = {}  # box id -> monotonic seconds of its last reading
+        # box id -> the epoch its capacity figures in force were read in
+        self._capacity_epoch: dict[str, str | None] = {}
         self.suspect: set[str] = set()  # boxes whose hit rate dropped (hit-rate monitor): probe them
         # Health and epoch writes the in-memory view is already ahead of, oldest first, one per key.
         self._unwritten: dict[tuple[object, ...], Callable[[], Awaitable[object]]] = {}
@@ -117,6 +121,9 @@ class BoxHealth:
         # box id -> the epoch a `recheck` here saw replaced on a box another replica polls: its holder's
         # observation from before that restart never takes the box back to the dead process
         self._superseded: dict[str, str] = {}
+        # box id -> (epoch, monotonic seconds) of its last sighting queued for the store (`_sighting_due`)
+        self._sighted: dict[str, tuple[str, float]] = {}
+        self._settling: dict[str, BoxSpec] = {}  # new processes seen, their reading and writes to follow
 
     # ------------------------------------------------------------------------------------------- polling
 
@@ -148,6 +155,7 @@ class BoxHealth:
             changed = (
                 await self._apply_seen(box, self._from_holder(box.id, stored.get(box.id)), now) or changed
             )
+        await self._settle_new(limit)
         await self._holder.publish(self.live, self._polled_at.keys(), round_done=len(due) == len(here))
         return await self._follow_load(boxes, limit) or changed
 
@@ -216,6 +224,7 @@ class BoxHealth:
             return False
         async with lock:
             changed = await self._apply_seen(box, health, self._clock.now())
+            await self._settle_new(asyncio.Semaphore(1))
             try:
                 await self.flush()
             except StoreError as exc:  # the answer comes from the view; the next pass writes it
@@ -261,19 +270,21 @@ class BoxHealth:
             live.healthy, live.health_error, live.health_error_kind = False, error, kind
             return
         if epoch != live.epoch:
-            await self._new_epoch(box, epoch, live, now)
+            self._new_epoch(box, epoch, live, now)
             return
         if self._owns(box.id):
-            self._write_later((box.id, "epoch", epoch), EpochSeen(self._store, box.id, epoch, now))
+            if self._sighting_due(box.id, epoch):
+                self._write_later((box.id, "epoch", epoch), EpochSeen(self._store, box.id, epoch, now))
             if not live.healthy:
                 self._event_later(LoggedEvent(at=now, kind=EventKind.BOX_HEALTHY, box_id=box.id, epoch=epoch))
         if not live.healthy and live.health_error is not None:
             self._log.info("box healthy again", box=box.id, was=live.health_error_kind)
         live.healthy, live.health_error, live.health_error_kind, live.slow_polls = True, None, None, 0
 
-    async def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
-        """A restart: the new process starts cold, its epoch is stored, its warm-up resumed if begun."""
-        self._book.keep_only_epoch(box.id, epoch)
+    def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
+        """A restart: the new process starts cold (the view changes now: its records, keyed by epoch, no
+        longer match); the old records dropped, its capacity read, its epoch stored and its warm-up resumed if
+        begun follow for every new process of the round (`_settle_new`)."""
         fresh = BoxLive(
             healthy=True, epoch=epoch, healthy_since=now, healthy_since_mono=self._clock.monotonic()
         )
@@ -281,17 +292,57 @@ class BoxHealth:
         self._log.info("box epoch", box=box.id, epoch=epoch, previous=previous.epoch)
         key = (box.id, "epoch", epoch)
         self._unwritten.pop(key, None)  # back to an epoch still queued: it is now the newest write
-        await self._read_capacity(box, fresh=True)
-        if not self._owns(box.id):
-            return  # another replica holds the box: its warm-up is read from the holder's phases
-        self._write_later(key, functools.partial(self._store_epoch, box.id, epoch, now, new=True))
+        self._settling[box.id] = box
+        if self._owns(box.id):  # else another replica holds the box: its warm-up is read from its phases
+            self._write_later(key, NewEpoch(self._store, box.id, epoch, now))
+            self._sighted[box.id] = (epoch, self._clock.monotonic())
+
+    async def _settle_new(self, limit: asyncio.Semaphore) -> None:
+        """The new processes seen since the last call: their capacity read (concurrently, under `limit`),
+        then for those held here their epochs written (one transaction) and their restart warm-ups resumed
+        from the store (one read). A region restart is a few round trips, not a few per box."""
+        settling, self._settling = self._settling, {}
+        if not settling:
+            return
+        self._book.keep_only_epochs(
+            {box_id: live.epoch for box_id in settling if (live := self.live.get(box_id)) and live.epoch}
+        )
+
+        async def read(box: BoxSpec) -> None:
+            async with limit:
+                await self._read_capacity(box, fresh=True)
+
+        await asyncio.gather(*(read(box) for box in settling.values()))
+        held = {
+            box_id: live
+            for box_id in settling
+            if (live := self.live.get(box_id)) is not None and live.epoch is not None and self._owns(box_id)
+        }
+        if not held:
+            return
         try:
             await self.flush()
-            await self._resume_warmup(box.id, epoch, fresh)
+            phases = await self._store.phases_of({box_id: live.epoch or "" for box_id, live in held.items()})
         except StoreError as exc:  # cold until a pass can read the store: never warm by default
-            self._log.warning("box epoch not stored yet", box=box.id, epoch=epoch, error=str(exc))
+            self._log.warning("box epochs not stored yet", boxes=sorted(held), error=str(exc))
+            return
+        for box_id, live in held.items():
+            if self.live.get(box_id) is live:  # not replaced meanwhile
+                _resume_warmup(live, phases.get(box_id, []))
 
     # ------------------------------------------------------------------------------------- store writes
+
+    def _sighting_due(self, box_id: str, epoch: str) -> bool:
+        """Whether a poll's sighting of the box's known epoch goes to the store: the first in this replica,
+        else once per `EPOCH_SIGHTING_SECONDS`. A sighting only moves the epoch's last-seen time (history
+        no decision reads) and re-asserts an epoch the store already holds; written at every poll it was a
+        row per box per poll interval, the bulk of the database's writes at a few hundred boxes."""
+        now = self._clock.monotonic()
+        last = self._sighted.get(box_id)
+        if last is not None and last[0] == epoch and now - last[1] < EPOCH_SIGHTING_SECONDS:
+            return False
+        self._sighted[box_id] = (epoch, now)
+        return True
 
     def _write_later(self, key: tuple[object, ...], write: Callable[[], Awaitable[object]]) -> None:
         """Queue a store write behind the ones already waiting (one per `key`, (box id, what, ...): the
@@ -299,9 +350,7 @@ class BoxHealth:
         self._unwritten.setdefault(key, write)
 
     def _event_later(self, event: LoggedEvent) -> None:
-        self._write_later(
-            (event.box_id, "event", event.kind, event.at), functools.partial(self._store.append_event, event)
-        )
+        self._write_later((event.box_id, "event", event.kind, event.at), EventLater(self._store, event))
 
     async def flush(self) -> None:
         """Write what the view is ahead of, oldest first; each leaves the queue once written, so a
@@ -309,22 +358,14 @@ class BoxHealth:
         another replica holds the box now (`LeaseLost`) leaves the queue: that replica writes the box."""
         while self._unwritten:
             key, write = next(iter(self._unwritten.items()))
-            if isinstance(write, EpochSeen):  # with every other box's, in one transaction
-                await write_epochs_seen(self._unwritten, self._store, self._log)
+            if isinstance(write, EpochSeen | NewEpoch | EventLater):  # with every other box's, at once
+                await write_batch(self._unwritten, self._store, self._log)
                 continue
             try:
                 await write()
             except LeaseLost as exc:
                 self._log.warning("box write dropped: lease held elsewhere", box=key[0], error=str(exc))
             del self._unwritten[key]
-
-    async def _store_epoch(self, box_id: str, epoch: str, at: float, *, new: bool = False) -> None:
-        """The box's epoch in the store; a new one also drops the box's records of every other epoch
-        (they died with their process). Safe to repeat after a failure part way."""
-        changed = await self._store.record_epoch(box_id, epoch, at)
-        if new:
-            dropped = await self._store.drop_other_epochs(box_id, epoch)
-            self._log.info("box epoch stored", box=box_id, epoch=epoch, new=changed, dropped_records=dropped)
 
     # -------------------------------------------------------------------------------- the new process
 
@@ -350,6 +391,8 @@ class BoxHealth:
         before = self.capacity.get(box.id)
         after = capacity_in_force(None if fresh else before, read, self._prefix_budget)
         self.capacity[box.id] = after
+        live = self.live.get(box.id)
+        self._capacity_epoch[box.id] = None if live is None else live.epoch
         shape = (after.prefixes, after.pool_tokens, after.pinnable_slots, after.source)
         if (
             before is None
@@ -377,8 +420,11 @@ class BoxHealth:
         return before is None or (before.prefixes, before.tokens) != (after.prefixes, after.tokens)
 
     async def _follow_load(self, boxes: Sequence[BoxSpec], limit: asyncio.Semaphore) -> bool:
-        """Read the capacity of every healthy box whose last reading is `capacity_poll_seconds` old,
-        concurrently under the poll's bound; True when any figures in force changed."""
+        """Read the capacity of every healthy box whose last reading is `capacity_poll_seconds` old and
+        can have moved since: a shared token pool (its free share follows load), or no figures read in its
+        current epoch yet. A reading without a pool (llama.cpp's slots) is fixed for the process: read once
+        per epoch, not every period on every replica. Concurrently under the poll's bound; True when any
+        figures in force changed."""
         if self._capacity_poll_seconds <= 0:
             return False
         now = self._clock.monotonic()
@@ -387,6 +433,11 @@ class BoxHealth:
             for box in boxes
             if (live := self.live.get(box.id)) is not None
             and live.healthy
+            and (
+                (held := self.capacity.get(box.id)) is None
+                or held.pool_tokens is not None
+                or self._capacity_epoch.get(box.id) != live.epoch
+            )
             and now - self._capacity_read_at.get(box.id, -math.inf) >= self._capacity_poll_seconds
         ]
 
@@ -401,24 +452,6 @@ class BoxHealth:
                 changed = self._apply_capacity(box, capacity, fresh=False) or changed
         return changed
 
-    async def _resume_warmup(self, box_id: str, epoch: str, live: BoxLive) -> None:
-        """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
-        counts as done only when its PREFIXES phase was reached; a failed phase waits for its retry."""
-        phases = await self._store.list_phases(box_id, epoch)
-        failed = [p for p in phases if p.ok is False]
-        if failed:
-            live.warmup = WarmupStatus.FAILED
-            live.warmup_finished_at = max(p.finished_at or p.started_at for p in failed)
-            live.warmup_error = failed[-1].error
-        elif prefixes := [p for p in phases if p.phase is PhaseName.PREFIXES]:
-            live.warmup = WarmupStatus.DONE
-            live.warmup_finished_at = max(p.started_at for p in prefixes)
-            live.resumed = True
-            if all(p.finished_at is None for p in prefixes):
-                # The previous daemon died mid-phase: this one finishes its row. A finished row is history
-                # this daemon must not overwrite with the timings of its re-verification probes.
-                live.prefixes_started_at = live.warmup_finished_at
-
     # ------------------------------------------------------------------------------------- fleet edits
 
     def add_box(self, box_id: str) -> None:
@@ -429,8 +462,10 @@ class BoxHealth:
         fail on every pass."""
         self.capacity.pop(box_id, None)
         self._capacity_read_at.pop(box_id, None)
+        self._capacity_epoch.pop(box_id, None)
         self._polled_at.pop(box_id, None)
         self._superseded.pop(box_id, None)
+        self._sighted.pop(box_id, None)
         self.live.pop(box_id, None)
         self._unwritten = {k: w for k, w in self._unwritten.items() if k[:2] != (box_id, "epoch")}
 
@@ -442,3 +477,21 @@ class BoxHealth:
 
     def current_epochs(self) -> dict[str, str]:
         return {box_id: live.epoch for box_id, live in self.live.items() if live.epoch is not None}
+
+
+def _resume_warmup(live: BoxLive, phases: Sequence[PhaseRecord]) -> None:
+    """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
+    counts as done only when its PREFIXES phase was reached; a failed phase waits for its retry."""
+    failed = [p for p in phases if p.ok is False]
+    if failed:
+        live.warmup = WarmupStatus.FAILED
+        live.warmup_finished_at = max(p.finished_at or p.started_at for p in failed)
+        live.warmup_error = failed[-1].error
+    elif prefixes := [p for p in phases if p.phase is PhaseName.PREFIXES]:
+        live.warmup = WarmupStatus.DONE
+        live.warmup_finished_at = max(p.started_at for p in prefixes)
+        live.resumed = True
+        if all(p.finished_at is None for p in prefixes):
+            # The previous daemon died mid-phase: this one finishes its row. A finished row is history
+            # this daemon must not overwrite with the timings of its re-verification probes.
+            live.prefixes_started_at = live.warmup_finished_at
