@@ -45,7 +45,9 @@ from sqlalchemy import create_engine, make_url, text
 
 from bench.fleet_scale_figures import (
     PG_COUNTERS,
+    bucket_quantile,
     cpu_seconds,
+    histogram_buckets,
     loglog_slope,
     metric_sum,
     percentile,
@@ -63,6 +65,8 @@ ADMIN_URL = os.environ.get(
     "WARMER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
 POLL_SECONDS = 0.5
+CONTROL = "warmer_engine_control_requests_total"
+PASS = "warmer_reconcile_pass_seconds"
 
 
 def load() -> str:
@@ -223,19 +227,20 @@ def steady(fleet: SimFleet, replicas: list[Replica], db_name: str, seconds: floa
     pids = [r.process.pid for r in replicas]
     sim_pids = [p.pid for p in fleet.processes]
 
-    def snapshot() -> tuple[float, list[float], list[float], dict[str, int], dict[str, int], float]:
+    def snapshot() -> tuple[float, list[float], list[float], dict[str, int], dict[str, int], list[str]]:
         return (
             time.monotonic(),
             [cpu_seconds(p) for p in pids],
             [cpu_seconds(p) for p in sim_pids],
             dict(fleet.stats()["totals"]),
             pg_counters(db_name),
-            sum(metric_sum(r.metrics(), "warmer_engine_control_requests_total") for r in replicas),
+            [r.metrics() for r in replicas],
         )
 
-    t0, cpu0, sim0, sim_counts0, pg0, control0 = snapshot()
+    t0, cpu0, sim0, sim_counts0, pg0, metrics0 = snapshot()
     time.sleep(seconds)
-    t1, cpu1, sim1, sim_counts1, pg1, control1 = snapshot()
+    t1, cpu1, sim1, sim_counts1, pg1, metrics1 = snapshot()
+    control0, control1 = (sum(metric_sum(m, CONTROL) for m in ms) for ms in (metrics0, metrics1))
     elapsed = t1 - t0
     boxes = len(fleet.boxes)
     control = sim_counts1.get("control", 0) - sim_counts0.get("control", 0)
@@ -256,7 +261,24 @@ def steady(fleet: SimFleet, replicas: list[Replica], db_name: str, seconds: floa
         "db_rows_by_kind_per_second": {
             k: round(rates[k], 1) for k in ("tup_inserted", "tup_updated", "tup_deleted")
         },
+        "pass_seconds": pass_quantiles(metrics0, metrics1),
     }
+
+
+def pass_quantiles(before: list[str], after: list[str]) -> dict[str, dict[str, list[float | None]]]:
+    """Per kind of pass (full, health), each replica's p50 and p99 pass duration over the window, from
+    warmer_reconcile_pass_seconds (upper bounds of the histogram's buckets)."""
+    out: dict[str, dict[str, list[float | None]]] = {}
+    for kind in ("full", "health"):
+        pairs = [
+            (histogram_buckets(b, PASS, {"kind": kind}), histogram_buckets(a, PASS, {"kind": kind}))
+            for b, a in zip(before, after, strict=True)
+        ]
+        out[kind] = {
+            f"p{round(share * 100)}": [bucket_quantile(b, a, share) for b, a in pairs]
+            for share in (0.5, 0.99)
+        }
+    return out
 
 
 def restart_wave(

@@ -1,6 +1,7 @@
 """The arithmetic of bench.fleet_scale, apart so a unit test checks it: percentiles, log-log slopes, the
-deltas of PostgreSQL's per-database counters, a Prometheus counter summed from /metrics text, the CPU
-share of a process from /proc, and the time the fleet's warm budget needs for a restart wave."""
+deltas of PostgreSQL's per-database counters, a Prometheus counter summed from /metrics text, a quantile of
+a Prometheus histogram between two scrapes, the CPU share of a process from /proc, and the time the fleet's
+warm budget needs for a restart wave."""
 
 from __future__ import annotations
 
@@ -65,6 +66,40 @@ def metric_sum(text: str, name: str, labels: Mapping[str, str] | None = None) ->
         if all(found.get(k) == v for k, v in (labels or {}).items()):
             total += float(value)
     return total
+
+
+def histogram_buckets(text: str, name: str, labels: Mapping[str, str] | None = None) -> dict[float, float]:
+    """The cumulative buckets (upper bound -> count) of histogram `name` in Prometheus text, summed over
+    the series whose labels include `labels`."""
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(f"{name}_bucket{{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        label_text = head.partition("{")[2].rstrip("}")
+        found = dict(part.split("=", 1) for part in label_text.split(",") if "=" in part)
+        found = {k.strip(): v.strip().strip('"') for k, v in found.items()}
+        if "le" not in found or not all(found.get(k) == v for k, v in (labels or {}).items()):
+            continue
+        bound = math.inf if found["le"] == "+Inf" else float(found["le"])
+        buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return buckets
+
+
+def bucket_quantile(
+    before: Mapping[float, float], after: Mapping[float, float], share: float
+) -> float | None:
+    """The `share` quantile of the observations made between two reads of a histogram's cumulative
+    buckets, as the upper bound of the bucket it falls in (an upper estimate: Prometheus buckets keep no
+    finer detail); None when nothing was observed between them."""
+    if not 0 < share <= 1:
+        raise ValueError("share must be in (0, 1]")
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    wanted = share * counts[-1]
+    return next(b for b, c in zip(bounds, counts, strict=True) if c >= wanted)
 
 
 def cpu_seconds(pid: int) -> float:

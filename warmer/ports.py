@@ -110,9 +110,12 @@ class StorePort(Protocol):
         """Remember the box's current epoch; True when it differs from the last one recorded."""
         ...
 
-    async def record_epochs(self, seen: Sequence[tuple[str, str, float]]) -> frozenset[str]:
+    async def record_epochs(
+        self, seen: Sequence[tuple[str, str, float]], *, drop_others: bool = False
+    ) -> frozenset[str]:
         """`record_epoch` for many (box id, epoch, when) in one transaction; returns the boxes skipped
-        because another replica holds their lease."""
+        because another replica holds their lease. `drop_others`: the epochs are new processes, so each
+        written box's warm records of its other epochs go as `drop_other_epochs` drops them."""
         ...
 
     async def current_epoch(self, box_id: str) -> str | None: ...
@@ -144,6 +147,11 @@ class StorePort(Protocol):
         ...
 
     async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]: ...
+
+    async def phases_of(self, epochs: Mapping[str, str]) -> dict[str, list[PhaseRecord]]:
+        """`list_phases` of each box's given epoch (box id -> epoch) in one read; every box asked is a
+        key (an empty list when it has none)."""
+        ...
 
     async def put_campaign(self, campaign: Campaign) -> None: ...
 

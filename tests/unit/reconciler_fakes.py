@@ -289,9 +289,12 @@ class FencedOutStore(SqlStore):
             raise LeaseLost(f"box {box_id!r}: replica 'r1' no longer holds its lease; not written")
         return await super().record_epoch(box_id, epoch, at)
 
-    async def record_epochs(self, seen: Sequence[tuple[str, str, float]]) -> frozenset[str]:
+    async def record_epochs(
+        self, seen: Sequence[tuple[str, str, float]], *, drop_others: bool = False
+    ) -> frozenset[str]:
         refused = frozenset(box_id for box_id, _, _ in seen if box_id in self.fenced_epochs)
-        return refused | await super().record_epochs([s for s in seen if s[0] not in refused])
+        kept = [s for s in seen if s[0] not in refused]
+        return refused | await super().record_epochs(kept, drop_others=drop_others)
 
 
 def world(

@@ -3,13 +3,16 @@ counter sums, the warm budget floor, and the slopes over runs."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
 
 from bench.fleet_scale import slopes
 from bench.fleet_scale_figures import (
+    bucket_quantile,
     cpu_seconds,
+    histogram_buckets,
     loglog_slope,
     metric_sum,
     percentile,
@@ -77,6 +80,33 @@ def test_metric_sum_matches_the_exact_name_and_labels() -> None:
     assert metric_sum(METRICS, "warmer_engine_control_requests_total", {"kind": "epoch"}) == 30.0
     assert metric_sum(METRICS, "warmer_fleet_warm_budget_tokens_per_second") == 8000.0
     assert metric_sum(METRICS, "warmer_missing") == 0.0
+
+
+def histogram(full: tuple[int, ...], health: tuple[int, ...]) -> str:
+    """Prometheus text of warmer_reconcile_pass_seconds with cumulative counts at le 0.1, 1, +Inf."""
+    lines = []
+    for kind, counts in (("full", full), ("health", health)):
+        for bound, count in zip(("0.1", "1.0", "+Inf"), counts, strict=True):
+            lines.append(f'warmer_reconcile_pass_seconds_bucket{{kind="{kind}",le="{bound}"}} {count}.0')
+        lines.append(f'warmer_reconcile_pass_seconds_count{{kind="{kind}"}} {counts[-1]}.0')
+    return "\n".join(lines) + "\n"
+
+
+def test_histogram_quantile_between_two_scrapes() -> None:
+    name = "warmer_reconcile_pass_seconds"
+    before = histogram_buckets(histogram((5, 5, 5), (1, 1, 1)), name, {"kind": "full"})
+    assert before == {0.1: 5.0, 1.0: 5.0, math.inf: 5.0}
+    # between the scrapes: 90 passes under 0.1 s, 9 between 0.1 and 1 s, one over 1 s
+    after = histogram_buckets(histogram((95, 104, 105), (1, 1, 1)), name, {"kind": "full"})
+    assert bucket_quantile(before, after, 0.5) == 0.1
+    assert bucket_quantile(before, after, 0.9) == 0.1
+    assert bucket_quantile(before, after, 0.99) == 1.0
+    assert bucket_quantile(before, after, 1.0) == math.inf
+    both = histogram_buckets(histogram((95, 104, 105), (1, 1, 1)), name)  # the kinds summed
+    assert both[math.inf] == 106.0
+    assert bucket_quantile(after, after, 0.5) is None  # nothing observed in between
+    with pytest.raises(ValueError, match="share"):
+        bucket_quantile(before, after, 0.0)
 
 
 def test_proc_readings_of_this_process() -> None:

@@ -8,11 +8,19 @@ out at once, and a newly warm box takes a small, rising share of traffic (`ramp_
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from warmer.core.model import WarmState
-from warmer.core.planner import Desired, Observed, PlannerConfig, WarmupStatus, active_agents, wanted_by_box
+from warmer.core.planner import (
+    Desired,
+    Observed,
+    PlannerConfig,
+    WantedPrefix,
+    WarmupStatus,
+    active_agents,
+    wanted_by_box,
+)
 from warmer.core.warmstate import is_serving
 
 
@@ -27,23 +35,53 @@ def box_ready(
     box_id: str, desired: Desired, observed: Observed, now: float, config: PlannerConfig
 ) -> BoxReadiness:
     """Ready: healthy, restart warm-up of this epoch done, every kept-warm prefix here believed warm."""
-    seen = observed.boxes.get(box_id)
-    if seen is None or not seen.healthy or seen.epoch is None:
-        return BoxReadiness(False, ("unhealthy",), None)
-    if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
-        return BoxReadiness(False, (f"restart warm-up {seen.warmup.value}",), None)
-    if seen.draining:
-        routing = desired.routing if desired.routing is not None else desired.assignment
-        if not any(box_id in group for group in routing.values()):
-            return BoxReadiness(False, ("drained for a rollout",), None)
-    elif desired.placed is not None and box_id not in desired.placed:
-        # warmed up since placement last looked: its agents are still elsewhere, not needless here
-        return BoxReadiness(False, ("waiting for placement",), None)
-    since = seen.warmup_finished_at
-    wants = wanted_by_box(desired, active_agents(desired, now, config)).get(box_id, {})
+    return boxes_ready((box_id,), desired, observed, now, config)[box_id]
+
+
+def boxes_ready(
+    box_ids: Iterable[str], desired: Desired, observed: Observed, now: float, config: PlannerConfig
+) -> dict[str, BoxReadiness]:
+    """`box_ready` of many boxes, with what every box shares (the kept-warm prefixes per box, the routed
+    boxes) computed once: a pass or a fleet view asks it for every box, O(agents) once instead of per box."""
+    ids = list(box_ids)
+    wants: dict[str, dict[str, WantedPrefix]] | None = None
+    routed: set[str] | None = None
+    answers: dict[str, BoxReadiness] = {}
+    for box_id in ids:
+        seen = observed.boxes.get(box_id)
+        if seen is None or not seen.healthy or seen.epoch is None:
+            answers[box_id] = BoxReadiness(False, ("unhealthy",), None)
+            continue
+        if seen.warmup is not WarmupStatus.DONE or seen.warmup_finished_at is None:
+            answers[box_id] = BoxReadiness(False, (f"restart warm-up {seen.warmup.value}",), None)
+            continue
+        if seen.draining:
+            if routed is None:
+                routing = desired.routing if desired.routing is not None else desired.assignment
+                routed = {b for group in routing.values() for b in group}
+            if box_id not in routed:
+                answers[box_id] = BoxReadiness(False, ("drained for a rollout",), None)
+                continue
+        elif desired.placed is not None and box_id not in desired.placed:
+            # warmed up since placement last looked: its agents are still elsewhere, not needless here
+            answers[box_id] = BoxReadiness(False, ("waiting for placement",), None)
+            continue
+        if wants is None:
+            wants = wanted_by_box(desired, active_agents(desired, now, config))
+        answers[box_id] = _prefixes_ready(
+            box_id, seen.epoch, seen.warmup_finished_at, wants.get(box_id, {}), observed
+        )
+    return answers
+
+
+def _prefixes_ready(
+    box_id: str, epoch: str, since: float, wants: Mapping[str, WantedPrefix], observed: Observed
+) -> BoxReadiness:
+    """Ready once every prefix kept warm on the box is believed warm in its epoch; since the latest of
+    the warm-up's end and those prefixes' warming."""
     reasons: list[str] = []
     for prefix_hash in sorted(wants):
-        record = observed.warm.get((box_id, seen.epoch, prefix_hash))
+        record = observed.warm.get((box_id, epoch, prefix_hash))
         if record is None or not is_serving(record):
             state = record.state.value if record is not None else WarmState.COLD.value
             agents = ", ".join(sorted(wants[prefix_hash].agent_ids))

@@ -105,6 +105,14 @@ class ReconcileMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
             registry=registry,
         )
+        self.pass_seconds = Histogram(
+            "warmer_reconcile_pass_seconds",
+            "Wall seconds of one pass under the fleet lock, by kind: full (a reconcile pass: observe, "
+            "plan, dispatch) or health (the health timer's poll of the boxes this replica polls).",
+            ["kind"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
         self.boxes_ready = Gauge("warmer_boxes_ready", "Boxes ready for traffic now.", registry=registry)
         self.engine_work_queued = Gauge(
             "warmer_engine_work_queued",
@@ -240,6 +248,9 @@ class ReconcileMetrics:
             self.box_health_failure.labels(box=box_id, kind=failure).set(1)
         self._failure_labels, self._info_labels = current_health, current_info
         self._healthy_labels = {b.box_id for b in boxes}
+
+    def pass_finished(self, kind: str, seconds: float) -> None:
+        self.pass_seconds.labels(kind=kind).observe(seconds)
 
     def fleet_state(self, boxes_ready: int, prefixes_warm: int) -> None:
         self.boxes_ready.set(boxes_ready)

@@ -29,12 +29,11 @@ from sqlalchemy import delete, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from warmer.adapters.store.store import SqlStore, _phase_from_row
+from warmer.adapters.store.store import SqlStore
 from warmer.adapters.store.tables import (
     BoxLeaseRow,
     FleetChangeRow,
     ReplicaRow,
-    RestartPhaseRow,
     RolloutStateRow,
     WebhookEventRow,
 )
@@ -195,18 +194,7 @@ class SqlCoordination:
     async def phases_for(self, epochs: Mapping[str, str]) -> dict[str, list[PhaseRecord]]:
         """The restart warm-up phases of each box's given epoch, in one query: how a replica that does not
         hold a box learns whether its holder finished the warm-up."""
-        if not epochs:
-            return {}
-
-        def work(session: Session) -> dict[str, list[PhaseRecord]]:
-            found: dict[str, list[PhaseRecord]] = {box_id: [] for box_id in epochs}
-            rows = session.scalars(select(RestartPhaseRow).where(RestartPhaseRow.box_id.in_(list(epochs))))
-            for row in rows:
-                if epochs.get(row.box_id) == row.epoch:
-                    found[row.box_id].append(_phase_from_row(row))
-            return found
-
-        return await self._store._run(work, write=False)
+        return await self._store.phases_of(epochs)
 
     # -- shared deploy state ------------------------------------------------------------------------
 

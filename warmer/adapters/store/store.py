@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -200,11 +200,14 @@ class SqlStore:
 
         return await self._run(work, write=True)
 
-    async def record_epochs(self, seen: Sequence[tuple[str, str, float]]) -> frozenset[str]:
+    async def record_epochs(
+        self, seen: Sequence[tuple[str, str, float]], *, drop_others: bool = False
+    ) -> frozenset[str]:
         """`record_epoch` for many boxes (box id, epoch, when seen) in one transaction: a pass that polled
         the whole fleet writes once, not once per box. A box whose lease this replica no longer holds is
         skipped, not written (returned: the holder writes it); an unknown box or an empty epoch writes
-        nothing."""
+        nothing. `drop_others`: new processes, so each written box's records of every other epoch go too
+        (`drop_other_epochs`), in the same transaction."""
         for box_id, epoch, _ in seen:
             if not epoch:
                 raise StoreError(f"epoch: must not be empty (box {box_id!r})")
@@ -240,6 +243,8 @@ class SqlStore:
                 )
             for box_id in ids:
                 _move_epoch(session, boxes[box_id], *latest[box_id])
+            if drop_others:
+                _drop_other_epochs(session, {b: latest[b][0] for b in ids}, self._now())
             return refused
 
         return await self._run(work, write=True)
@@ -377,29 +382,7 @@ class SqlStore:
     async def drop_other_epochs(self, box_id: str, keep_epoch: str) -> int:
         def work(session: Session) -> int:
             self._check_fence(session, box_id)
-            doomed = list(
-                session.scalars(
-                    select(WarmRecordRow.epoch)
-                    .where(WarmRecordRow.box_id == box_id, WarmRecordRow.epoch != keep_epoch)
-                    .distinct()
-                )
-            )
-            if not doomed:
-                return 0
-            result = session.execute(
-                delete(WarmRecordRow).where(WarmRecordRow.box_id == box_id, WarmRecordRow.epoch != keep_epoch)
-            )
-            dropped = int(getattr(result, "rowcount", 0))
-            session.add(
-                EventRow(
-                    at=self._now(),
-                    kind=EventKind.WARM_DROPPED,
-                    box_id=box_id,
-                    epoch=keep_epoch,
-                    detail={"records": dropped, "epochs": sorted(doomed)},
-                )
-            )
-            return dropped
+            return _drop_other_epochs(session, {box_id: keep_epoch}, self._now()).get(box_id, 0)
 
         return await self._run(work, write=True)
 
@@ -436,15 +419,25 @@ class SqlStore:
         return await self._run(work, write=True)
 
     async def list_phases(self, box_id: str, epoch: str) -> list[PhaseRecord]:
-        def work(session: Session) -> list[PhaseRecord]:
-            rows = session.scalars(
-                select(RestartPhaseRow).where(
-                    RestartPhaseRow.box_id == box_id, RestartPhaseRow.epoch == epoch
-                )
-            )
+        return (await self.phases_of({box_id: epoch}))[box_id]
+
+    async def phases_of(self, epochs: Mapping[str, str]) -> dict[str, list[PhaseRecord]]:
+        """One query for every box asked (a fleet view or a restart wave reads hundreds of boxes), in
+        start order within each box."""
+        if not epochs:
+            return {}
+        wanted = dict(epochs)
+
+        def work(session: Session) -> dict[str, list[PhaseRecord]]:
+            found: dict[str, list[PhaseRecord]] = {box_id: [] for box_id in wanted}
+            rows = session.scalars(select(RestartPhaseRow).where(RestartPhaseRow.box_id.in_(list(wanted))))
+            for row in rows:
+                if wanted[row.box_id] == row.epoch:
+                    found[row.box_id].append(_phase_from_row(row))
             order = {name: index for index, name in enumerate(PhaseName)}
-            records = [_phase_from_row(row) for row in rows]
-            return sorted(records, key=lambda rec: (rec.started_at, order[rec.phase]))
+            for records in found.values():
+                records.sort(key=lambda rec: (rec.started_at, order[rec.phase]))
+            return found
 
         return await self._run(work, write=False)
 
@@ -668,6 +661,36 @@ def _move_epoch(session: Session, box: BoxRow, epoch: str, at: float) -> bool:
     )
     box.current_epoch = epoch
     return True
+
+
+def _drop_other_epochs(session: Session, keep: Mapping[str, str], at: float) -> dict[str, int]:
+    """Delete each box's warm records of every epoch but the one kept, one `WARM_DROPPED` event per box
+    that had any; box id -> records dropped (boxes with none are left out)."""
+    doomed: dict[str, set[str]] = {}
+    found = session.execute(
+        select(WarmRecordRow.box_id, WarmRecordRow.epoch)
+        .where(WarmRecordRow.box_id.in_(list(keep)))
+        .distinct()
+    )
+    for box_id, epoch in found:
+        if epoch != keep[box_id]:
+            doomed.setdefault(box_id, set()).add(epoch)
+    dropped: dict[str, int] = {}
+    for box_id, epochs in sorted(doomed.items()):
+        result = session.execute(
+            delete(WarmRecordRow).where(WarmRecordRow.box_id == box_id, WarmRecordRow.epoch != keep[box_id])
+        )
+        dropped[box_id] = int(getattr(result, "rowcount", 0))
+        session.add(
+            EventRow(
+                at=at,
+                kind=EventKind.WARM_DROPPED,
+                box_id=box_id,
+                epoch=keep[box_id],
+                detail={"records": dropped[box_id], "epochs": sorted(epochs)},
+            )
+        )
+    return dropped
 
 
 def _event_row(event: LoggedEvent, detail: dict[str, Any]) -> EventRow:

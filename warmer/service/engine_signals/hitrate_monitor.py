@@ -28,7 +28,7 @@ capacity figures read instead of scraping the engines a second time.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -154,6 +154,7 @@ class HitRateMonitor:
         self._observer: HitRateObserver = observer or NullHitRateObserver()
         self._suspects = suspects
         self._ready_boxes = ready_boxes
+        self._ready_now: Collection[str] | None = None  # this scrape round's ready boxes
         self._state: dict[str, _BoxState] = {}
         self._log = structlog.stdlib.get_logger(__name__)
 
@@ -175,6 +176,7 @@ class HitRateMonitor:
                 return await self._scrape_box(box)
 
         boxes = list(self._fleet())
+        self._ready_now = None  # read once this round, at the first answer (`_is_ready`)
         for gone in self._state.keys() - {box.id for box in boxes}:
             if self._state.pop(gone).alerting:
                 self._observer.alert(gone, False)
@@ -238,10 +240,13 @@ class HitRateMonitor:
         return BoxHitRate(box.id, check.status, window.hit_rate, window.queried_tokens, state.alerting)
 
     def _is_ready(self, box_id: str) -> bool:
+        """Ready as of this round's first answer: the fleet's readiness is computed once a round, not once
+        a box (each computation looks at every box)."""
         if self._ready_boxes is None:
             return True
-        ready = self._ready_boxes()
-        return ready is not None and box_id in ready
+        if self._ready_now is None:
+            self._ready_now = self._ready_boxes() or frozenset()
+        return box_id in self._ready_now
 
     def _set_alert(
         self,

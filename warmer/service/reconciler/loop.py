@@ -31,7 +31,7 @@ from warmer.core.agents import AgentSpec
 from warmer.core.errors import StoreError
 from warmer.core.model import BoxSpec, ModelProfile, WarmRecord
 from warmer.core.planner import BoxObservation, Desired, Observed, WarmKey, plan
-from warmer.core.readiness import Route, box_ready, routes
+from warmer.core.readiness import Route, boxes_ready, routes
 from warmer.ports import Clock, EnginePort, StorePort
 from warmer.service.engine_work.restart_warmup import RestartWarmup
 from warmer.service.engine_work.warming import WarmExecutor
@@ -171,10 +171,12 @@ class Reconciler:
     async def tick(self) -> None:
         """One level-triggered pass: observe, desired, diff, act (engine work continues as tasks)."""
         async with self._fleet_lock:
+            started = self._clock.monotonic()
             try:
                 await self._tick()
             finally:  # a pass that ended on a store error still shows the loop alive
                 self._last_pass = self._clock.monotonic()
+                self._observer.pass_finished("full", self._last_pass - started)
 
     def stalled(self, bound_seconds: float) -> str | None:
         """Why the loop counts as wedged — no pass ended for more than `bound_seconds` (counted from
@@ -293,7 +295,8 @@ class Reconciler:
         if desired is None:
             return None
         observed, now = self._observed(for_routes=True), self._clock.now()
-        return {b for b in self._boxes if box_ready(b, desired, observed, now, self._config.planner).ready}
+        answers = boxes_ready(self._boxes, desired, observed, now, self._config.planner)
+        return {box_id for box_id, answer in answers.items() if answer.ready}
 
     def _routes_now(self, now: float) -> Mapping[str, tuple[Route, ...]] | None:
         desired = self._desired.current
@@ -420,11 +423,13 @@ class Reconciler:
         if not self._started:
             return  # the loop registers the fleet first; its first pass polls anyway
         async with self._fleet_lock:
+            started = self._clock.monotonic()
             changed = await self._health.poll_all(list(self._boxes.values()), self._clock.now())
             try:
                 await self._health.flush()
             except StoreError as exc:  # the view holds; the next pass writes it
                 self._log.warning("box health not stored yet", error=str(exc))
+            self._observer.pass_finished("health", self._clock.monotonic() - started)
         if changed:
             self._notify_changed()
             self.poke()

@@ -18,7 +18,7 @@ from warmer.core.event_kinds import EventKind
 from warmer.core.gate import GateAnswer, GateBox, GateConfig, gate
 from warmer.core.model import BoxSpec, LoggedEvent, PhaseName, PhaseRecord
 from warmer.core.planner import Desired, Observed, PlannerConfig
-from warmer.core.readiness import agent_warmth, box_ready
+from warmer.core.readiness import agent_warmth, boxes_ready
 from warmer.core.warmstate import is_serving
 from warmer.ports import Clock, StorePort
 from warmer.service.reconciler.types import BoxLive, ReadyReport, ReconcileObserver
@@ -105,11 +105,10 @@ class ReadyReports:
         """Record, once per epoch (per daemon: a resumed epoch is recorded as such), the moment a box
         became ready and what that took; then report the fleet's state."""
         now = self._clock.now()
-        ready_by_box: dict[str, bool] = {}
+        answers = boxes_ready(live, desired, observed, now, self._config)
+        ready_by_box = {box_id: answer.ready for box_id, answer in answers.items()}
         for box_id, box in live.items():
-            ready = box_ready(box_id, desired, observed, now, self._config).ready
-            ready_by_box[box_id] = ready
-            if ready and box.ready_report is None and box.epoch is not None:
+            if ready_by_box[box_id] and box.ready_report is None and box.epoch is not None:
                 self._record(box_id, box, box.epoch, now)
         warm = sum(1 for r in observed.warm.values() if is_serving(r))
         self._observer.fleet_state(sum(ready_by_box.values()), warm)

@@ -37,7 +37,6 @@ queued); split, each half would need the other's internals.
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NamedTuple
@@ -47,11 +46,11 @@ import structlog
 from warmer.core.capacity import PrefixBudgetPolicy, capacity_in_force
 from warmer.core.errors import EngineDown, EngineSlow, HealthFailure, LeaseLost, StoreError, WarmerError
 from warmer.core.event_kinds import EventKind
-from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName
+from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName, PhaseRecord
 from warmer.core.observations import StoredObservation
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, EnginePort, StorePort
-from warmer.service.reconciler.epoch_writes import EpochSeen, write_epochs_seen
+from warmer.service.reconciler.epoch_writes import EpochSeen, EventLater, NewEpoch, write_batch
 from warmer.service.reconciler.health_sharing import HealthSharing, HolderPolls
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.types import BoxLive
@@ -117,6 +116,7 @@ class BoxHealth:
         # box id -> the epoch a `recheck` here saw replaced on a box another replica polls: its holder's
         # observation from before that restart never takes the box back to the dead process
         self._superseded: dict[str, str] = {}
+        self._settling: dict[str, BoxSpec] = {}  # new processes seen, their reading and writes to follow
 
     # ------------------------------------------------------------------------------------------- polling
 
@@ -148,6 +148,7 @@ class BoxHealth:
             changed = (
                 await self._apply_seen(box, self._from_holder(box.id, stored.get(box.id)), now) or changed
             )
+        await self._settle_new(limit)
         await self._holder.publish(self.live, self._polled_at.keys(), round_done=len(due) == len(here))
         return await self._follow_load(boxes, limit) or changed
 
@@ -216,6 +217,7 @@ class BoxHealth:
             return False
         async with lock:
             changed = await self._apply_seen(box, health, self._clock.now())
+            await self._settle_new(asyncio.Semaphore(1))
             try:
                 await self.flush()
             except StoreError as exc:  # the answer comes from the view; the next pass writes it
@@ -261,7 +263,7 @@ class BoxHealth:
             live.healthy, live.health_error, live.health_error_kind = False, error, kind
             return
         if epoch != live.epoch:
-            await self._new_epoch(box, epoch, live, now)
+            self._new_epoch(box, epoch, live, now)
             return
         if self._owns(box.id):
             self._write_later((box.id, "epoch", epoch), EpochSeen(self._store, box.id, epoch, now))
@@ -271,8 +273,9 @@ class BoxHealth:
             self._log.info("box healthy again", box=box.id, was=live.health_error_kind)
         live.healthy, live.health_error, live.health_error_kind, live.slow_polls = True, None, None, 0
 
-    async def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
-        """A restart: the new process starts cold, its epoch is stored, its warm-up resumed if begun."""
+    def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
+        """A restart: the new process starts cold (the view changes now); its capacity read, its epoch
+        stored and its warm-up resumed if begun follow for every new process of the round (`_settle_new`)."""
         self._book.keep_only_epoch(box.id, epoch)
         fresh = BoxLive(
             healthy=True, epoch=epoch, healthy_since=now, healthy_since_mono=self._clock.monotonic()
@@ -281,15 +284,39 @@ class BoxHealth:
         self._log.info("box epoch", box=box.id, epoch=epoch, previous=previous.epoch)
         key = (box.id, "epoch", epoch)
         self._unwritten.pop(key, None)  # back to an epoch still queued: it is now the newest write
-        await self._read_capacity(box, fresh=True)
-        if not self._owns(box.id):
-            return  # another replica holds the box: its warm-up is read from the holder's phases
-        self._write_later(key, functools.partial(self._store_epoch, box.id, epoch, now, new=True))
+        self._settling[box.id] = box
+        if self._owns(box.id):  # else another replica holds the box: its warm-up is read from its phases
+            self._write_later(key, NewEpoch(self._store, box.id, epoch, now))
+
+    async def _settle_new(self, limit: asyncio.Semaphore) -> None:
+        """The new processes seen since the last call: their capacity read (concurrently, under `limit`),
+        then for those held here their epochs written (one transaction) and their restart warm-ups resumed
+        from the store (one read). A region restart is a few round trips, not a few per box."""
+        settling, self._settling = self._settling, {}
+        if not settling:
+            return
+
+        async def read(box: BoxSpec) -> None:
+            async with limit:
+                await self._read_capacity(box, fresh=True)
+
+        await asyncio.gather(*(read(box) for box in settling.values()))
+        held = {
+            box_id: live
+            for box_id in settling
+            if (live := self.live.get(box_id)) is not None and live.epoch is not None and self._owns(box_id)
+        }
+        if not held:
+            return
         try:
             await self.flush()
-            await self._resume_warmup(box.id, epoch, fresh)
+            phases = await self._store.phases_of({box_id: live.epoch or "" for box_id, live in held.items()})
         except StoreError as exc:  # cold until a pass can read the store: never warm by default
-            self._log.warning("box epoch not stored yet", box=box.id, epoch=epoch, error=str(exc))
+            self._log.warning("box epochs not stored yet", boxes=sorted(held), error=str(exc))
+            return
+        for box_id, live in held.items():
+            if self.live.get(box_id) is live:  # not replaced meanwhile
+                _resume_warmup(live, phases.get(box_id, []))
 
     # ------------------------------------------------------------------------------------- store writes
 
@@ -299,9 +326,7 @@ class BoxHealth:
         self._unwritten.setdefault(key, write)
 
     def _event_later(self, event: LoggedEvent) -> None:
-        self._write_later(
-            (event.box_id, "event", event.kind, event.at), functools.partial(self._store.append_event, event)
-        )
+        self._write_later((event.box_id, "event", event.kind, event.at), EventLater(self._store, event))
 
     async def flush(self) -> None:
         """Write what the view is ahead of, oldest first; each leaves the queue once written, so a
@@ -309,22 +334,14 @@ class BoxHealth:
         another replica holds the box now (`LeaseLost`) leaves the queue: that replica writes the box."""
         while self._unwritten:
             key, write = next(iter(self._unwritten.items()))
-            if isinstance(write, EpochSeen):  # with every other box's, in one transaction
-                await write_epochs_seen(self._unwritten, self._store, self._log)
+            if isinstance(write, EpochSeen | NewEpoch | EventLater):  # with every other box's, at once
+                await write_batch(self._unwritten, self._store, self._log)
                 continue
             try:
                 await write()
             except LeaseLost as exc:
                 self._log.warning("box write dropped: lease held elsewhere", box=key[0], error=str(exc))
             del self._unwritten[key]
-
-    async def _store_epoch(self, box_id: str, epoch: str, at: float, *, new: bool = False) -> None:
-        """The box's epoch in the store; a new one also drops the box's records of every other epoch
-        (they died with their process). Safe to repeat after a failure part way."""
-        changed = await self._store.record_epoch(box_id, epoch, at)
-        if new:
-            dropped = await self._store.drop_other_epochs(box_id, epoch)
-            self._log.info("box epoch stored", box=box_id, epoch=epoch, new=changed, dropped_records=dropped)
 
     # -------------------------------------------------------------------------------- the new process
 
@@ -401,24 +418,6 @@ class BoxHealth:
                 changed = self._apply_capacity(box, capacity, fresh=False) or changed
         return changed
 
-    async def _resume_warmup(self, box_id: str, epoch: str, live: BoxLive) -> None:
-        """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
-        counts as done only when its PREFIXES phase was reached; a failed phase waits for its retry."""
-        phases = await self._store.list_phases(box_id, epoch)
-        failed = [p for p in phases if p.ok is False]
-        if failed:
-            live.warmup = WarmupStatus.FAILED
-            live.warmup_finished_at = max(p.finished_at or p.started_at for p in failed)
-            live.warmup_error = failed[-1].error
-        elif prefixes := [p for p in phases if p.phase is PhaseName.PREFIXES]:
-            live.warmup = WarmupStatus.DONE
-            live.warmup_finished_at = max(p.started_at for p in prefixes)
-            live.resumed = True
-            if all(p.finished_at is None for p in prefixes):
-                # The previous daemon died mid-phase: this one finishes its row. A finished row is history
-                # this daemon must not overwrite with the timings of its re-verification probes.
-                live.prefixes_started_at = live.warmup_finished_at
-
     # ------------------------------------------------------------------------------------- fleet edits
 
     def add_box(self, box_id: str) -> None:
@@ -442,3 +441,21 @@ class BoxHealth:
 
     def current_epochs(self) -> dict[str, str]:
         return {box_id: live.epoch for box_id, live in self.live.items() if live.epoch is not None}
+
+
+def _resume_warmup(live: BoxLive, phases: Sequence[PhaseRecord]) -> None:
+    """The restart warm-up of an epoch already seen (daemon restarted while the engine kept running)
+    counts as done only when its PREFIXES phase was reached; a failed phase waits for its retry."""
+    failed = [p for p in phases if p.ok is False]
+    if failed:
+        live.warmup = WarmupStatus.FAILED
+        live.warmup_finished_at = max(p.finished_at or p.started_at for p in failed)
+        live.warmup_error = failed[-1].error
+    elif prefixes := [p for p in phases if p.phase is PhaseName.PREFIXES]:
+        live.warmup = WarmupStatus.DONE
+        live.warmup_finished_at = max(p.started_at for p in prefixes)
+        live.resumed = True
+        if all(p.finished_at is None for p in prefixes):
+            # The previous daemon died mid-phase: this one finishes its row. A finished row is history
+            # this daemon must not overwrite with the timings of its re-verification probes.
+            live.prefixes_started_at = live.warmup_finished_at

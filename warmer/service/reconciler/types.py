@@ -96,6 +96,11 @@ class ReconcileObserver(Protocol):
         fleet disappears from the report."""
         ...
 
+    def pass_finished(self, kind: str, seconds: float) -> None:
+        """One pass of the loop ended (`kind`: `full`, a reconcile pass, or `health`, the health timer's
+        light poll), after `seconds` of wall time under the fleet lock: what grows with the fleet."""
+        ...
+
     def engine_work_paced(
         self, queued: Mapping[str, int], running: int, tokens_per_second: float, tokens_available: float
     ) -> None:
@@ -132,6 +137,9 @@ class NullObserver:
         return None
 
     def boxes_seen(self, boxes: Sequence[BoxSeen]) -> None:
+        return None
+
+    def pass_finished(self, kind: str, seconds: float) -> None:
         return None
 
     def engine_work_paced(

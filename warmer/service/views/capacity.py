@@ -30,7 +30,7 @@ from warmer.core.capacity import (
     shortfall,
 )
 from warmer.core.errors import WarmerError
-from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName
+from warmer.core.model import BoxSpec, CompletionReport, ModelProfile, PhaseName, PhaseRecord
 from warmer.ports import Clock, StorePort
 from warmer.service.engine_work.restart_warmup import long_prefill_target
 from warmer.service.reconciler import Snapshot
@@ -129,15 +129,14 @@ class CapacityService:
         source = self._usage
         rates = dict(source.uncached_rates()) if source is not None else {}
         now = self._clock.monotonic()
+        epochs = {b: live.epoch for b, live in snapshot.live.items() if b in snapshot.boxes}
+        ceilings = await self._ceilings_of(snapshot, epochs)
         boxes = []
         for box_id in sorted(snapshot.boxes):
-            spec = snapshot.boxes[box_id]
-            live = snapshot.live.get(box_id)
-            epoch = live.epoch if live is not None else None
             rate = rates.get(box_id)
             if rate is not None and now - rate.at > self._config.max_usage_age_seconds:
                 rate = None
-            ceiling = await self._ceiling(spec, epoch, snapshot)
+            ceiling = ceilings.get(box_id)
             boxes.append(box_capacity(box_id, ceiling, rate, safe_fraction=self._config.safe_fraction))
         routed = {agent: tuple(r.box_id for r in found) for agent, found in snapshot.routes().items()}
         for agent_id in snapshot.prefixes:
@@ -158,54 +157,73 @@ class CapacityService:
             missing = shortfall(sizes, snapshot.desired.assignment)
         return CapacityReport(self._config.safe_fraction, tuple(boxes), tuple(agents), missing)
 
-    async def _ceiling(self, box: BoxSpec, epoch: str | None, snapshot: Snapshot) -> PrefillCeiling | None:
-        profile = self._profiles.get(box.model)
-        if profile is not None and profile.prefill_tokens_per_second is not None:
-            return PrefillCeiling(profile.prefill_tokens_per_second, "profile")
-        measured = self._ceilings.measured(box.id, epoch)
-        if measured is not None:
-            return PrefillCeiling(measured, "measured")
-        if epoch is None or profile is None:
-            return None
-        cached = self._phase_ceilings.get((box.id, epoch))
-        if cached is None:
-            cached = await self._ceiling_from_phase(
-                box, epoch, profile, _longest_assigned_prefix(snapshot, box.id)
-            )
-        return None if cached is None else PrefillCeiling(cached, "warmup_phase")
-
-    async def _ceiling_from_phase(
-        self, box: BoxSpec, epoch: str, profile: ModelProfile, longest_prefix: int | None
-    ) -> float | None:
-        """The long-prefill phase an earlier daemon recorded: a lower bound of its prompt tokens over its
-        engine seconds, so the estimate errs low (pacing to it never overloads the box).
-
-        The record holds no token count. The prompt was sized to 97-100% of the warm-up's target, which is
-        at most the context minus the recipe margin and, where the warm-up sizes it from the real prompts,
-        at least the longest stable prefix it serves: the smaller of the two is taken."""
+    async def _ceilings_of(
+        self, snapshot: Snapshot, epochs: Mapping[str, str | None]
+    ) -> dict[str, PrefillCeiling | None]:
+        """Each box's prefill ceiling: its profile's, else measured, else from its epoch's long-prefill
+        phase (the phases of every box still without one read in one query, not one per box)."""
+        found: dict[str, PrefillCeiling | None] = {}
+        unread: dict[str, str] = {}
+        for box_id, box in snapshot.boxes.items():
+            profile = self._profiles.get(box.model)
+            epoch = epochs.get(box_id)
+            found[box_id] = None
+            if profile is not None and profile.prefill_tokens_per_second is not None:
+                found[box_id] = PrefillCeiling(profile.prefill_tokens_per_second, "profile")
+            elif (measured := self._ceilings.measured(box_id, epoch)) is not None:
+                found[box_id] = PrefillCeiling(measured, "measured")
+            elif epoch is not None and profile is not None:
+                cached = self._phase_ceilings.get((box_id, epoch))
+                if cached is None:
+                    unread[box_id] = epoch
+                else:
+                    found[box_id] = PrefillCeiling(cached, "warmup_phase")
+        if not unread:
+            return found
         try:
-            phases = await self._store.list_phases(box.id, epoch)
+            phases = await self._store.phases_of(unread)
         except WarmerError:
-            return None  # the store is down: no estimate this time, asked again next time
-        for phase in phases:
-            if phase.phase is PhaseName.LONG_PREFILL and phase.ok and phase.requests == 1:
-                tokens = long_prefill_target(profile.restart, profile)
-                if longest_prefix:
-                    tokens = min(tokens, longest_prefix)
-                rate = ceiling_from_prefill(tokens, 0, phase.engine_seconds)
-                if rate is not None and math.isfinite(rate):
-                    self._phase_ceilings[(box.id, epoch)] = rate
-                    return rate
-        return None
+            return found  # the store is down: no estimate this time, asked again next time
+        longest = _longest_assigned_prefixes(snapshot)
+        for box_id, epoch in unread.items():
+            profile = self._profiles[snapshot.boxes[box_id].model]
+            rate = _ceiling_from_phases(phases.get(box_id, []), profile, longest.get(box_id))
+            if rate is not None:
+                self._phase_ceilings[(box_id, epoch)] = rate
+                found[box_id] = PrefillCeiling(rate, "warmup_phase")
+        return found
 
 
-def _longest_assigned_prefix(snapshot: Snapshot, box_id: str) -> int | None:
-    """Tokens of the longest stable prefix among the agents assigned to `box_id` (None: none known)."""
+def _ceiling_from_phases(
+    phases: Sequence[PhaseRecord], profile: ModelProfile, longest_prefix: int | None
+) -> float | None:
+    """The long-prefill phase an earlier daemon recorded: a lower bound of its prompt tokens over its
+    engine seconds, so the estimate errs low (pacing to it never overloads the box).
+
+    The record holds no token count. The prompt was sized to 97-100% of the warm-up's target, which is
+    at most the context minus the recipe margin and, where the warm-up sizes it from the real prompts,
+    at least the longest stable prefix it serves: the smaller of the two is taken."""
+    for phase in phases:
+        if phase.phase is PhaseName.LONG_PREFILL and phase.ok and phase.requests == 1:
+            tokens = long_prefill_target(profile.restart, profile)
+            if longest_prefix:
+                tokens = min(tokens, longest_prefix)
+            rate = ceiling_from_prefill(tokens, 0, phase.engine_seconds)
+            if rate is not None and math.isfinite(rate):
+                return rate
+    return None
+
+
+def _longest_assigned_prefixes(snapshot: Snapshot) -> dict[str, int]:
+    """Box -> tokens of the longest stable prefix among the agents assigned to it (boxes with none known
+    are left out)."""
+    longest: dict[str, int] = {}
     if snapshot.desired is None:
-        return None
-    sizes = [
-        snapshot.prefixes[agent_id].prefix.token_count
-        for agent_id, group in snapshot.desired.assignment.items()
-        if box_id in group and agent_id in snapshot.prefixes
-    ]
-    return max(sizes, default=None)
+        return longest
+    for agent_id, group in snapshot.desired.assignment.items():
+        computed = snapshot.prefixes.get(agent_id)
+        if computed is None:
+            continue
+        for box_id in group:
+            longest[box_id] = max(longest.get(box_id, 0), computed.prefix.token_count)
+    return longest

@@ -9,12 +9,13 @@ daemon started is shown but does not count as warm until a probe renews it.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from warmer.core.errors import WarmerError
-from warmer.core.model import PhaseRecord, WarmState
-from warmer.core.readiness import Route, box_ready, ramp_weight
+from warmer.core.model import PhaseRecord, WarmRecord, WarmState
+from warmer.core.readiness import Route, boxes_ready, ramp_weight
 from warmer.ports import StorePort
 from warmer.service.reconciler import Reconciler, Snapshot
 
@@ -154,11 +155,26 @@ def admission_of(snapshot: Snapshot, box_id: str) -> AdmitView:
 
 
 def readiness_of(snapshot: Snapshot, box_id: str) -> ReadyView:
+    return readiness_all(snapshot, (box_id,))[box_id]
+
+
+def readiness_all(snapshot: Snapshot, box_ids: Iterable[str]) -> dict[str, ReadyView]:
+    """`readiness_of` for many boxes, the fleet-wide part of readiness computed once (`boxes_ready`)."""
+    ids = list(box_ids)
     if snapshot.desired is None:
-        return ReadyView(box_id, False, ("starting: no reconcile pass yet",), None, 0.0)
-    answer = box_ready(box_id, snapshot.desired, snapshot.observed, snapshot.now, snapshot.config)
-    weight = ramp_weight(answer.since, snapshot.now, snapshot.config) if answer.since is not None else 0.0
-    return ReadyView(box_id, answer.ready, answer.reasons, answer.since, weight if answer.ready else 0.0)
+        return {
+            box_id: ReadyView(box_id, False, ("starting: no reconcile pass yet",), None, 0.0)
+            for box_id in ids
+        }
+    answers = boxes_ready(ids, snapshot.desired, snapshot.observed, snapshot.now, snapshot.config)
+    views = {}
+    for box_id, answer in answers.items():
+        since = answer.since
+        weight = ramp_weight(since, snapshot.now, snapshot.config) if since is not None else 0.0
+        views[box_id] = ReadyView(
+            box_id, answer.ready, answer.reasons, since, weight if answer.ready else 0.0
+        )
+    return views
 
 
 def _phase_view(record: PhaseRecord) -> PhaseView:
@@ -175,16 +191,40 @@ def _phase_view(record: PhaseRecord) -> PhaseView:
     )
 
 
-def _prefix_views(snapshot: Snapshot, box_id: str, epoch: str | None) -> tuple[PrefixView, ...]:
-    agents_by_hash: dict[str, list[str]] = {}
-    tokens_by_hash: dict[str, int] = {}
-    if snapshot.desired is not None:
-        for agent_id, group in snapshot.desired.assignment.items():
-            ref = snapshot.desired.agents.get(agent_id)
-            if ref is not None and box_id in group:
-                agents_by_hash.setdefault(ref.hash, []).append(agent_id)
-                tokens_by_hash[ref.hash] = ref.tokens
-    records = {k[2]: r for k, r in snapshot.records.items() if k[0] == box_id and k[1] == epoch}
+@dataclass(frozen=True, slots=True)
+class _BoxIndex:
+    """The snapshot's assignment and records by box, built once per answer: a fleet view reads each box's
+    own share instead of scanning every agent and record of the fleet for each box."""
+
+    agents_by_hash: dict[str, dict[str, list[str]]]  # box -> prefix hash -> agents assigned there
+    tokens_by_hash: dict[str, int]  # prefix hash -> its token count
+    records: dict[str, dict[str, WarmRecord]]  # box -> prefix hash -> record of the box's current epoch
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, box_ids: Collection[str]) -> _BoxIndex:
+        agents_by_hash: dict[str, dict[str, list[str]]] = {}
+        tokens_by_hash: dict[str, int] = {}
+        wanted = set(box_ids)
+        if snapshot.desired is not None:
+            for agent_id, group in snapshot.desired.assignment.items():
+                ref = snapshot.desired.agents.get(agent_id)
+                if ref is None:
+                    continue
+                for box_id in group:
+                    if box_id in wanted:
+                        agents_by_hash.setdefault(box_id, {}).setdefault(ref.hash, []).append(agent_id)
+                        tokens_by_hash[ref.hash] = ref.tokens
+        records: dict[str, dict[str, WarmRecord]] = {}
+        for (box_id, epoch, prefix_hash), record in snapshot.records.items():
+            live = snapshot.live.get(box_id)
+            if box_id in wanted and live is not None and live.epoch == epoch:
+                records.setdefault(box_id, {})[prefix_hash] = record
+        return cls(agents_by_hash, tokens_by_hash, records)
+
+
+def _prefix_views(snapshot: Snapshot, index: _BoxIndex, box_id: str) -> tuple[PrefixView, ...]:
+    agents_by_hash = index.agents_by_hash.get(box_id, {})
+    records = index.records.get(box_id, {})
     views = []
     for prefix_hash in sorted(set(agents_by_hash) | set(records)):
         record = records.get(prefix_hash)
@@ -195,7 +235,9 @@ def _prefix_views(snapshot: Snapshot, box_id: str, epoch: str | None) -> tuple[P
                 agents=tuple(sorted(agents_by_hash.get(prefix_hash, ()))),
                 state=(record.state if record is not None else WarmState.COLD).value,
                 trusted=trusted,
-                tokens=record.prefix_tokens if record is not None else tokens_by_hash.get(prefix_hash, 0),
+                tokens=record.prefix_tokens
+                if record is not None
+                else index.tokens_by_hash.get(prefix_hash, 0),
                 verified_cached_tokens=record.verified_cached_tokens if record is not None else None,
                 attempts=record.attempts if record is not None else 0,
                 warmed_at=record.warmed_at if record is not None else None,
@@ -215,13 +257,13 @@ class StatusService:
 
     async def boxes(self) -> list[BoxView]:
         snapshot = self._reconciler.snapshot()
-        return [await self._box_view(snapshot, box_id) for box_id in sorted(snapshot.boxes)]
+        return await self._box_views(snapshot, sorted(snapshot.boxes))
 
     async def box(self, box_id: str) -> BoxView | None:
         snapshot = self._reconciler.snapshot()
         if box_id not in snapshot.boxes:
             return None
-        return await self._box_view(snapshot, box_id)
+        return (await self._box_views(snapshot, [box_id]))[0]
 
     async def ready(self, box_id: str) -> ReadyView | None:
         snapshot = self._reconciler.snapshot()
@@ -252,51 +294,61 @@ class StatusService:
             )
         return answer
 
-    async def _box_view(self, snapshot: Snapshot, box_id: str) -> BoxView:
-        spec = snapshot.boxes[box_id]
-        live = snapshot.live[box_id]
-        phases: tuple[PhaseView, ...] = ()
-        if live.epoch is not None:
-            phases = tuple(_phase_view(p) for p in await self._store.list_phases(box_id, live.epoch))
-        report = live.ready_report
-        ttr = None
-        if report is not None and report.resumed:
-            ttr = TimeToReadyView(
-                at=report.at,
-                time_to_ready_seconds=None,
-                engine_seconds=None,
-                warmup_engine_seconds=None,
-                prefix_engine_seconds=None,
-                overhead_fraction=None,
-                resumed=True,
-                reverify_seconds=report.reverify_seconds,
-            )
-        elif report is not None:
-            ttr = TimeToReadyView(
-                at=report.at,
-                time_to_ready_seconds=report.time_to_ready_seconds,
-                engine_seconds=report.engine_seconds,
-                warmup_engine_seconds=report.warmup_engine_seconds,
-                prefix_engine_seconds=report.prefix_engine_seconds,
-                overhead_fraction=report.overhead_fraction,
-            )
-        return BoxView(
-            id=box_id,
-            base_url=spec.base_url,
-            engine=spec.engine.value,
-            model=spec.model,
-            slots=spec.slots,
-            healthy=live.healthy,
-            health_error=live.health_error,
-            health_error_kind=None if live.health_error_kind is None else str(live.health_error_kind),
-            epoch=live.epoch,
-            warmup=live.warmup.value,
-            warmup_error=live.warmup_error,
-            ready=readiness_of(snapshot, box_id),
-            phases=phases,
-            prefixes=_prefix_views(snapshot, box_id, live.epoch),
-            time_to_ready=ttr,
-            health_slow_polls=live.slow_polls,
-            lease_holder=snapshot.holders.get(box_id),
-            held_here=snapshot.replica_id is None or snapshot.holders.get(box_id) == snapshot.replica_id,
+    async def _box_views(self, snapshot: Snapshot, box_ids: Sequence[str]) -> list[BoxView]:
+        """The boxes' views: their phases in one store read, readiness and prefixes from one index."""
+        epochs = {b: epoch for b in box_ids if (epoch := snapshot.live[b].epoch) is not None}
+        phases = await self._store.phases_of(epochs) if epochs else {}
+        ready = readiness_all(snapshot, box_ids)
+        index = _BoxIndex.of(snapshot, box_ids)
+        return [
+            _box_view(snapshot, box_id, phases.get(box_id, []), ready[box_id], index) for box_id in box_ids
+        ]
+
+
+def _box_view(
+    snapshot: Snapshot, box_id: str, phases: Sequence[PhaseRecord], ready: ReadyView, index: _BoxIndex
+) -> BoxView:
+    spec = snapshot.boxes[box_id]
+    live = snapshot.live[box_id]
+    report = live.ready_report
+    ttr = None
+    if report is not None and report.resumed:
+        ttr = TimeToReadyView(
+            at=report.at,
+            time_to_ready_seconds=None,
+            engine_seconds=None,
+            warmup_engine_seconds=None,
+            prefix_engine_seconds=None,
+            overhead_fraction=None,
+            resumed=True,
+            reverify_seconds=report.reverify_seconds,
         )
+    elif report is not None:
+        ttr = TimeToReadyView(
+            at=report.at,
+            time_to_ready_seconds=report.time_to_ready_seconds,
+            engine_seconds=report.engine_seconds,
+            warmup_engine_seconds=report.warmup_engine_seconds,
+            prefix_engine_seconds=report.prefix_engine_seconds,
+            overhead_fraction=report.overhead_fraction,
+        )
+    return BoxView(
+        id=box_id,
+        base_url=spec.base_url,
+        engine=spec.engine.value,
+        model=spec.model,
+        slots=spec.slots,
+        healthy=live.healthy,
+        health_error=live.health_error,
+        health_error_kind=None if live.health_error_kind is None else str(live.health_error_kind),
+        epoch=live.epoch,
+        warmup=live.warmup.value,
+        warmup_error=live.warmup_error,
+        ready=ready,
+        phases=tuple(_phase_view(p) for p in phases),
+        prefixes=_prefix_views(snapshot, index, box_id),
+        time_to_ready=ttr,
+        health_slow_polls=live.slow_polls,
+        lease_holder=snapshot.holders.get(box_id),
+        held_here=snapshot.replica_id is None or snapshot.holders.get(box_id) == snapshot.replica_id,
+    )
