@@ -33,7 +33,8 @@ def test_a_tiny_run_reports_every_figure() -> None:
         quantiles = steady["pass_seconds"][kind]
         assert len(quantiles["p50"]) == len(quantiles["p99"]) == 2
         for p50, p99 in zip(quantiles["p50"], quantiles["p99"], strict=True):
-            assert p50 is not None and p99 is not None
+            assert p50 is not None
+            assert p99 is not None
             assert 0 < p50 <= p99
     restart = result["restart"]
     assert restart["restarted"] == 2
