@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from tests.unit.placement_boxes import box
 from warmer.core.model import BoxSpec
-from warmer.core.placement import AgentDemand, Placement, PlacementConfig, PlacementState, incremental, place
+from warmer.core.placement import (
+    AgentDemand,
+    Placement,
+    PlacementConfig,
+    PlacementState,
+    greedy,
+    incremental,
+    place,
+)
 
 MODELS = ("m1", "m2")
 SHARED = {"shared-a": 700, "shared-b": 1900}  # one prefix hash has one size
@@ -186,7 +194,7 @@ def test_an_update_of_a_fleet_short_of_capacity_places_everyone_once(monkeypatch
     state = PlacementState(fleet, demand, config)
     assert not state.incremental
     placements: list[int] = []
-    full = incremental.place_indexed
+    full = greedy.place_indexed
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         placements.append(1)
