@@ -338,9 +338,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--slots",
         type=int,
-        default=2,
-        help="slots per sim box: with fewer slots than prefixes per box, calls of different agents share a "
-        "slot and an ask whose slot served another agent's call is verified (a probe) before it is ready",
+        default=AGENTS_PER_BOX,
+        help="slots per sim box (default: placement's cap of agents per box, so each prefix a box keeps has "
+        "a slot of its own); with fewer slots than prefixes per box, calls of different agents share a slot "
+        "and an ask whose slot served another agent's call is verified (a probe) before it is ready",
     )
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window before load")
     parser.add_argument("--sim-nice", type=int, default=0, help="nice for the sim process")
