@@ -9,7 +9,8 @@ simulated fleet (testbed.simfleet) big enough to hold every agent warm, driven b
   the bench waits (bounded) until every agent has a route;
 - wrk (one thread, keep-alive) at each concurrency for `--seconds`, two scenarios on the same daemon, one
   after the other: `one agent` (every ask for the same agent, the figure `bench.precall_load` measured) and
-  `many agents` (every ask for a random agent among all of them); every ask has a fresh call id. Figures:
+  `many agents` (every ask for a random agent among all of them; `--many-first` runs it first, so runs can
+  rotate the order); every ask has a fresh call id. Figures:
   req/s, p50, p99, non-2xx, the daemon's CPU per ask (its /proc utime+stime over the run);
 - a check that the answers are real: a sample of asks (random agents, fresh call ids) must answer 200,
   `ready` true, a box among the agent's routes in `GET /v1/routes`, and the slot that route gives.
@@ -301,6 +302,8 @@ def run(args: argparse.Namespace) -> Result:
             say(f"idle daemon CPU: {idle_cpu_percent:.1f}% of a core")
             sample_before = check_answers(serve, agents, SAMPLE_ASKS, 1, box.slots)
             scripts = {"one agent": 1, "many agents": len(agents)}
+            if args.many_first:  # runs rotate which scenario comes first at each concurrency
+                scripts = {"many agents": len(agents), "one agent": 1}
             loads: dict[str, list[LoadResult]] = {name: [] for name in scripts}
             paths = {}
             for name, count in scripts.items():
@@ -338,12 +341,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--slots",
         type=int,
-        default=2,
-        help="slots per sim box: with fewer slots than prefixes per box, calls of different agents share a "
-        "slot and an ask whose slot served another agent's call is verified (a probe) before it is ready",
+        default=AGENTS_PER_BOX,
+        help="slots per sim box (default: placement's cap of agents per box, so each prefix a box keeps has "
+        "a slot of its own); with fewer slots than prefixes per box, calls of different agents share a slot "
+        "and an ask whose slot served another agent's call is verified (a probe) before it is ready",
     )
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="idle CPU window before load")
     parser.add_argument("--sim-nice", type=int, default=0, help="nice for the sim process")
+    parser.add_argument(
+        "--many-first", action="store_true", help="at each concurrency, many agents before one agent"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
     if args.agents < 1 or args.sim_boxes < 2:

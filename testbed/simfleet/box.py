@@ -124,9 +124,25 @@ class SimBox:
     running_tokens: int = 0  # prompt + output tokens of the requests running now (their KV in the pool)
     _busy_until: float = 0.0
     _slots: asyncio.Semaphore | None = None
+    # llama.cpp: the slot each request ran in, by when it was last used (an `id_slot` request runs in the slot
+    # it names; one without takes the least recently used). The cache itself stays an LRU of `slots` prompts.
+    _slot_used: dict[int, int] = field(default_factory=dict)
+    _slot_clock: int = 0
 
     def __post_init__(self) -> None:
         self.cache = self._new_cache()
+
+    def slot_for(self, requested: object) -> int:
+        """The slot a llama-server request runs in, as its answer's `id_slot` says: the one it names (a slot
+        of this box), else the least recently used one."""
+        slots = self.config.slots
+        if isinstance(requested, int) and not isinstance(requested, bool) and 0 <= requested < slots:
+            slot = requested
+        else:
+            slot = min(range(slots), key=lambda s: self._slot_used.get(s, -1))
+        self._slot_clock += 1
+        self._slot_used[slot] = self._slot_clock
+        return slot
 
     def _new_cache(self) -> PrefixCache:
         per_slot = self.config.slots if self.config.engine is SimEngine.LLAMACPP else None
@@ -156,6 +172,7 @@ class SimBox:
         self.running_tokens = 0
         self._busy_until = 0.0
         self._slots = None
+        self._slot_used = {}
         self.down_until = time.monotonic() + max(0.0, down_seconds)
 
     def used_share(self) -> float:

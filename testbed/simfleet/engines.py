@@ -251,7 +251,8 @@ class EngineRoutes:
 
     async def _llama_completion(self, box: SimBox, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         ids = prompt_ids(self.tokenizer, body.get("prompt"), mixed=True)
-        return Reply.json(await llama_answer(box, ids, _max_tokens(body, "n_predict", 16)))
+        slot = body.get("id_slot")
+        return Reply.json(await llama_answer(box, ids, _max_tokens(body, "n_predict", 16), slot))
 
     async def _openai_completion(self, box: SimBox, body: dict[str, Any], headers: dict[str, str]) -> Reply:
         ids = prompt_ids(self.tokenizer, body.get("prompt"), mixed=self.engine is SimEngine.LLAMACPP)
@@ -346,12 +347,13 @@ def _timings(
     }
 
 
-async def llama_answer(box: SimBox, ids: list[int], max_tokens: int) -> dict[str, Any]:
-    """A llama-server /completion answer (tools/server/README.md, POST /completion)."""
+async def llama_answer(box: SimBox, ids: list[int], max_tokens: int, slot: object = None) -> dict[str, Any]:
+    """A llama-server /completion answer (tools/server/README.md, POST /completion); `id_slot` is the slot
+    the request ran in (the one it named: warmer pins each prefix to a slot by what the answer says)."""
     lookup, prefill, decode = await box.run(ids, max_tokens)
     return {
         "content": "!" * max_tokens,
-        "id_slot": 0,
+        "id_slot": box.slot_for(slot),
         "stop": True,
         "model": f"/models/{box.config.model}.gguf",
         "tokens_predicted": max_tokens,

@@ -320,3 +320,34 @@ def test_windows_while_warmer_warms_the_box_are_not_judged() -> None:
         assert [w[1] for w in recorder.windows] == [20000, 5000, 10000]  # counted all along
 
     asyncio.run(scenario())
+
+
+def test_the_fleets_readiness_is_read_once_a_round_not_once_a_box() -> None:
+    """Which boxes are ready is a walk over every agent: a round over the fleet reads it once for all its
+    boxes, and judges each by it as before."""
+
+    async def scenario() -> None:
+        engine, recorder = CountingEngine(), Recorder()
+        reads: list[int] = []
+
+        def ready_boxes() -> set[str]:
+            reads.append(1)
+            return {"a"}
+
+        monitor = HitRateMonitor(
+            engine=engine,  # type: ignore[arg-type]  # only cache_stats is used
+            fleet=lambda: [A, B],
+            clock=FakeClock(),
+            config=HitRateConfig(poll_seconds=60, threshold=0.9, min_tokens_per_window=1000),
+            observer=recorder,
+            ready_boxes=ready_boxes,
+        )
+        await monitor.scrape_once()
+        engine.serve("a", 10000, 6000)
+        engine.serve("b", 10000, 6000)
+        second = await monitor.scrape_once()
+        assert len(reads) == 2  # one read per round, with two boxes in each
+        assert second["a"].status is HitRateStatus.BELOW_THRESHOLD  # ready at both ends: judged
+        assert second["b"].status is HitRateStatus.NO_DATA  # never ready: warmer's own traffic
+
+    asyncio.run(scenario())

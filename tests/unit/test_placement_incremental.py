@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +11,15 @@ from hypothesis import strategies as st
 
 from tests.unit.placement_boxes import box
 from warmer.core.model import BoxSpec
-from warmer.core.placement import AgentDemand, Placement, PlacementConfig, PlacementState, place
+from warmer.core.placement import (
+    AgentDemand,
+    Placement,
+    PlacementConfig,
+    PlacementState,
+    greedy,
+    incremental,
+    place,
+)
 
 MODELS = ("m1", "m2")
 SHARED = {"shared-a": 700, "shared-b": 1900}  # one prefix hash has one size
@@ -174,6 +183,35 @@ def test_a_fleet_short_of_capacity_falls_back_to_full_placement_and_back() -> No
     state.add_box(extra)
     assert state.incremental  # room for everyone again
     assert state.placement() == place([*fleet, extra], demand, config)
+
+
+def test_an_update_of_a_fleet_short_of_capacity_places_everyone_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a single pass to edit, each edit is a full placement: an update that changes every agent's
+    volume (pre-call asks move them all each pass) runs one, after its last edit, not one per agent."""
+    config = PlacementConfig(max_agents_per_box=2, min_group_size=1, max_group_size=3, hash_buckets=2)
+    fleet = [box(i, "m1", None, None) for i in range(4)]
+    demand = [AgentDemand(f"a{i}", "m1", 100) for i in range(12)]  # 12 agents, 8 places: coverage first
+    state = PlacementState(fleet, demand, config)
+    assert not state.incremental
+    placements: list[int] = []
+    full = greedy.place_indexed
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        placements.append(1)
+        return full(*args, **kwargs)
+
+    monkeypatch.setattr(incremental, "place_indexed", counted)
+    before = state.placement()
+    busier = [replace(a, calls_per_minute=float(30 * (i % 4))) for i, a in enumerate(demand)]
+    changed = state.update(fleet, busier)
+    assert len(placements) == 1
+    after = place(fleet, busier, config)
+    assert state.placement() == after
+    edited = {a.agent_id for a in busier if a.calls_per_minute}
+    moved = {a.agent_id for a in demand if outcome(before, a.agent_id) != outcome(after, a.agent_id)}
+    assert changed == edited | moved
+    assert state.update(fleet, busier) == frozenset()
+    assert len(placements) == 1  # nothing changed: nothing placed
 
 
 def test_edits_name_unknown_and_duplicate_ids() -> None:

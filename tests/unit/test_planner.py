@@ -30,7 +30,7 @@ from warmer.core.planner import (
     plan,
     plan_boxes,
 )
-from warmer.core.readiness import agent_warmth, box_ready, routes
+from warmer.core.readiness import agent_warmth, box_ready, boxes_ready, routes
 from warmer.core.warm_budget import TokenBucket, WarmBudget
 
 PLAIN = ModelProfile(name="plain", engine=EngineKind.LLAMACPP, keepalive_seconds=240.0)
@@ -366,6 +366,34 @@ def test_box_ready_needs_warmup_and_every_assigned_prefix() -> None:
     assert readiness.since == 25.0
     down = Observed(boxes={"b1": BoxObservation(healthy=False, epoch="e1")}, warm=full.warm)
     assert not box_ready("b1", want, down, 31.0, cfg).ready
+
+
+def test_boxes_ready_answers_each_box_as_box_ready_does() -> None:
+    """A pass asks of every box at once; the answers are those of one box at a time, whatever the reason."""
+    want = desired(
+        {"a": ("b1", "b2"), "b": ("b2", "b3"), "c": ("b4",), "d": ("b5",), "e": ("b6",)},
+        routing={"a": ("b1", "b2"), "b": ("b2", "b3"), "c": ("b4",), "d": (), "e": ("b6",)},
+        placed=frozenset({"b1", "b2", "b3", "b4", "b5"}),
+    )
+    seen = Observed(
+        boxes={
+            "b1": up(finished=5.0),
+            "b2": up(finished=5.0),
+            "b3": up(warmup=WarmupStatus.RUNNING),
+            "b4": replace(up(finished=5.0), draining=True),  # drained, still routed: judged by its prefixes
+            "b5": replace(up(finished=5.0), draining=True),  # drained and routed nowhere
+            "b6": up(finished=5.0),  # not placed on yet
+            "b7": BoxObservation(healthy=False, epoch="e1"),
+        },
+        warm=records(warm("b1", "a", 20.0), warm("b2", "a", 20.0), warm("b4", "c", 30.0)),
+    )
+    box_ids = ["b1", "b2", "b3", "b4", "b5", "b6", "b7", "b8"]
+    together = boxes_ready(box_ids, want, seen, 40.0, config())
+    assert together == {b: box_ready(b, want, seen, 40.0, config()) for b in box_ids}
+    assert {b for b, answer in together.items() if answer.ready} == {"b1", "b4"}
+    assert together["b2"].reasons == ("agent b: prefix p-b cold",)
+    assert together["b5"].reasons == ("drained for a rollout",)
+    assert together["b6"].reasons == ("waiting for placement",)
 
 
 def test_routes_only_where_that_agents_prefix_is_warm_with_ramp() -> None:

@@ -134,6 +134,25 @@ def test_warm_verifies_and_a_restart_changes_the_epoch_empties_the_cache_and_res
     asyncio.run(scenario())
 
 
+def test_a_llamacpp_request_runs_in_the_slot_it_names_and_the_answer_says_so() -> None:
+    """warmer pins each prefix to a slot by the `id_slot` the answer reports, as llama-server reports the
+    slot that ran it: a sim answering one slot for every request had every prefix of a box pinned to it."""
+
+    async def scenario() -> None:
+        with sim(SimEngine.LLAMACPP, slots=4) as (app, client):
+            port, box = adapter(SimEngine.LLAMACPP, client), spec(SimEngine.LLAMACPP)
+            prefix = Prefix(
+                text=PREFIX, token_count=len(app.engine.tokenizer.encode(PREFIX, add_special=True))
+            )
+            named = [(await port.complete_prefix(box, prefix, slot=slot)).slot for slot in (2, 3, 2)]
+            assert named == [2, 3, 2]
+            # unnamed: the least recently used slot, never used ones first
+            unnamed = [(await port.complete_prefix(box, prefix)).slot for _ in range(3)]
+            assert unnamed == [0, 1, 3]
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("engine", list(SimEngine))
 def test_failing_health_is_down_and_requests_are_counted_by_class(engine: SimEngine) -> None:
     async def scenario() -> None:

@@ -58,6 +58,10 @@ class PlacementState:
         self._seeds = dict(zip(self._agents, stable_seeds("agent", self._agents), strict=True))
         self._next_order = len(self._order)
         self._index = BoxIndex(self._config.hash_buckets)
+        # Inside `update` while caps leave an agent without a box: the full placement each edit would run is
+        # run once, after the last edit (one per edit cost agents x placement when every agent's volume moved)
+        self._batching = False
+        self._rebuild_due = False
         for box in boxes:
             if self._is_eligible(box.id):
                 self._index.add(box.id, box.model, self._order[box.id])
@@ -100,6 +104,24 @@ class PlacementState:
         if len(fresh) != len(boxes):
             index_boxes(boxes, None, 1)  # names the duplicate
         check_agents(agents)  # bad input changes nothing
+        self._batching = True
+        try:
+            changed = self._apply(fresh, boxes, agents, eligible, previous)
+        finally:
+            self._batching = False
+        if self._rebuild_due:
+            changed |= self._rebuild()
+        return frozenset(changed)
+
+    def _apply(
+        self,
+        fresh: Mapping[str, BoxSpec],
+        boxes: Sequence[BoxSpec],
+        agents: Sequence[AgentDemand],
+        eligible: Collection[str] | None,
+        previous: Mapping[str, Sequence[str]] | None,
+    ) -> set[str]:
+        """`update`'s edits, one after the other."""
         changed: set[str] = set()
         for box_id in [b for b in self._spec if b not in fresh]:
             changed |= self.remove_box(box_id)
@@ -120,7 +142,7 @@ class PlacementState:
             changed |= self.set_agent(agent)
         if previous is not None:
             changed |= self.set_previous(previous)
-        return frozenset(changed)
+        return changed
 
     def rebuild(self) -> frozenset[str]:
         """Place everything again over the kept rankings (what an edit falls back to while caps leave an
@@ -244,7 +266,12 @@ class PlacementState:
             self._previous_by_box.setdefault(box_id, set()).add(agent_id)
 
     def _rebuild(self) -> frozenset[str]:
-        """A full placement over the kept rankings; returns the agents whose outcome changed."""
+        """A full placement over the kept rankings; returns the agents whose outcome changed. Within a
+        batch of edits with no single pass kept, only noted as due: the batch ends with one."""
+        if self._batching and self._steps is None:
+            self._rebuild_due = True
+            return frozenset()
+        self._rebuild_due = False
         before = dict(getattr(self, "_groups", {}))
         unplaced_before = dict(getattr(self, "_unplaced", {}))
         trace: dict[str, Step] = {}

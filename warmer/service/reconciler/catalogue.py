@@ -42,6 +42,9 @@ class PrefixCatalogue:
         self._log = log
         self.prefixes: dict[str, ComputedPrefix] = {}
         self._spec_hashes: dict[str, str] = {}  # agent -> spec hash its prefix was computed from
+        # agent -> the spec object last found to have that hash: specs are frozen, so the same object needs
+        # no hashing (a canonical JSON dump and a SHA-256 per agent, every pass: ~20 ms at 1,000 agents)
+        self._seen_specs: dict[str, AgentSpec] = {}
         self.errors: dict[str, str] = {}
 
     async def refresh(
@@ -49,7 +52,10 @@ class PrefixCatalogue:
     ) -> None:
         """Compute the prefix of every agent whose spec changed since its last computation."""
         for agent_id, spec in agents.items():
+            if self._seen_specs.get(agent_id) is spec:
+                continue
             if self._spec_hashes.get(agent_id) == spec.spec_hash:
+                self._seen_specs[agent_id] = spec
                 continue
             profile = profiles.get(spec.model)
             if profile is None:
@@ -83,6 +89,7 @@ class PrefixCatalogue:
     def _adopt(self, agent_id: str, spec: AgentSpec, computed: ComputedPrefix, now: float) -> None:
         self.prefixes[agent_id] = computed
         self._spec_hashes[agent_id] = spec.spec_hash
+        self._seen_specs[agent_id] = spec
         self.errors.pop(agent_id, None)
         self._activity.first_seen(agent_id, now)
 
