@@ -1,6 +1,6 @@
 """Placement that follows the fleet one edit at a time, giving exactly what a full `place` would.
 
-Why it can be exact and cheap: in the usual case (every agent fits somewhere: `greedy.single_pass`) the
+Why it can be exact and cheap: in the usual case (every agent fits somewhere: the single pass, `capped`) the
 answer is one pass in turn order, and an agent's choice depends only on what the boxes it looked at held
 when its turn came. So the state keeps, per agent, the boxes it looked at and took (`Step`), and per box its
 takers in turn order. An edit re-runs only the agents it touches — the agent edited, the agents that took a
@@ -405,7 +405,8 @@ class PlacementState:
     def _fits_at(
         self, agent: AgentDemand, dedicated: bool, box_id: str, pos: Position, chosen: list[str]
     ) -> bool:
-        """`greedy.Fill.fits` for the box as it was at this turn: only the takers before it count."""
+        """The single pass's check (`capped`) of the box as it was at this turn: only the takers before it
+        count."""
         if box_id in chosen:
             return False
         count, tokens, exclusive = 0, 0, False
