@@ -13,7 +13,7 @@ variant; traced peak from `tracemalloc` (run separately: tracing slows allocatio
 runs `--parallel` 8, 12 or 16 slots (`prefix_capacity`, in turn by box) sharing one 32,768-token KV pool
 (`cache_capacity_tokens`). A box holds ~8 agents of ~3,500 prefix tokens on average (~28,600 tokens), so the
 token cap refuses the busier boxes and the 8-slot cap a third of them, while every agent still finds its whole
-group: the single pass with every cap checked (`greedy.single_pass`), not the pass by counts. Its placement
+group: the single pass with every cap checked (`capped.capped_pass`), not the pass by counts. Its placement
 baseline is the placement as it was before the capped pass (`bench.baseline_greedy`, kept verbatim), checked
 equal. `--caps slots` gives each box llama.cpp's usual 2, 3 or 4 slots (in turn) and no token cap: 5,000 boxes
 then hold 15,000 prefixes for 20,000 agents with their own prefixes wanting 40,800 memberships, so the fleet

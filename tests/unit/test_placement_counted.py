@@ -8,12 +8,13 @@ from collections.abc import Mapping, Sequence
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from bench.baseline_greedy import Fill, single_pass
 from tests.unit.placement_boxes import box
 from warmer.core.model import BoxSpec
 from warmer.core.placement import AgentDemand, PlacementConfig
 from warmer.core.placement.counted import counted_pass
 from warmer.core.placement.demand import Step, prepare
-from warmer.core.placement.greedy import Fill, index_boxes, single_pass
+from warmer.core.placement.greedy import index_boxes
 from warmer.core.placement.hashing import stable_seed, stable_seeds
 
 MODELS = ("m1", "m2")

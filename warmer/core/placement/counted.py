@@ -1,11 +1,12 @@
 """The single pass by agent counts alone, where no box's prefix or token cap can bind.
 
-Why it is exact: in `greedy.single_pass` a box is refused by its agent cap, its prefix cap, its token cap,
-a dedicated agent, or because the agent has it already. A box whose prefix cap is at least the agent cap, and
-whose token cap holds the agent cap times the largest prefix, can refuse by its agent cap only (it never
-holds more distinct prefixes than agents). Where every box is like that and no agent is dedicated, the pass
-needs one count per box, and most agents just take the head of their ranking: the checks and bookkeeping of
-`Fill` at every take were ~40% of a cold placement. Otherwise this gives None and the general pass decides.
+Why it is exact: in the single pass (`capped`) a box is refused by its agent cap, its prefix cap, its token
+cap, a dedicated agent, or because the agent has it already. A box whose prefix cap is at least the agent
+cap, and whose token cap holds the agent cap times the largest prefix, can refuse by its agent cap only (it
+never holds more distinct prefixes than agents). Where every box is like that and no agent is dedicated,
+the pass needs one count per box, and most agents just take the head of their ranking: the checks and
+bookkeeping of `Fill` at every take were ~40% of a cold placement. Otherwise this gives None and
+`capped_pass` decides.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def counted_pass(
     config: PlacementConfig,
     trace: dict[str, Step] | None = None,
 ) -> dict[str, tuple[str, ...]] | None:
-    """Every placeable agent's group exactly as `single_pass` gives it, in turn order; None where this pass
+    """Every placeable agent's group exactly as the single pass gives it, in turn order; None where this pass
     does not apply, or some agent got no box (then coverage comes first). `trace`, when given, receives each
     agent's step (partly filled on None)."""
     cap = config.max_agents_per_box
@@ -88,7 +89,7 @@ def _walk(
     cap: int,
     entered: list[int],
 ) -> tuple[list[str], list[str]]:
-    """`Fill.take_first` over the agent's boxes, then over its ranking without them, by counts alone:
+    """The single pass's takes over the agent's boxes, then over its ranking without them, by counts alone:
     (the boxes taken, the boxes looked at)."""
     mine, need = demand.incumbents[agent.agent_id], demand.wanted[agent.agent_id]
     chosen: list[str] = []

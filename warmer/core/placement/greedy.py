@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 from warmer.core.model import BoxSpec
+from warmer.core.placement.capped import capped_pass
 from warmer.core.placement.counted import counted_pass
 from warmer.core.placement.demand import Demand, Position, Step, prepare
 from warmer.core.placement.ranking import BoxIndex
@@ -59,9 +60,10 @@ class Fill:
                 self._open[held.model] = self._open.get(held.model, 0) + 1
 
     def take_tracked(self, agent: AgentDemand, candidates: Iterable[str], need: int) -> None:
-        """`take_first` while some box may still take the agent: one that may take a new prefix, or one
-        not the agent's holding its prefix (boxes only fill: once none may, none ever will, and the walk
-        stops instead of looking at every box of a full fleet). Keeps what `track` counts."""
+        """Each candidate that fits, in order, until the agent has `need` boxes, while some box may still
+        take the agent: one that may take a new prefix, or one not the agent's holding its prefix (boxes
+        only fill: once none may, none ever will, and the walk stops instead of looking at every box of a
+        full fleet). Keeps what `track` counts."""
         aid, key, tokens, model = agent.agent_id, agent.prefix_key, agent.prefix_tokens, agent.model
         dedicated, cap, boxes = aid in self._dedicated, self._cap, self._held
         opened, holders = self._open, self._holders
@@ -96,76 +98,8 @@ class Fill:
             if taken >= need:
                 return  # before the next candidate: the spill room walks on from there
 
-    def take_first(
-        self,
-        agent: AgentDemand,
-        candidates: Iterable[str],
-        need: int,
-        examined: list[str] | None = None,
-        skip: Collection[str] = (),
-    ) -> int:
-        """Each candidate that fits, in order, until the agent has `need` boxes; returns how
-        many it has. One call per agent with the checks inlined: the single pass runs this 20,000 times."""
-        aid, key, tokens = agent.agent_id, agent.prefix_key, agent.prefix_tokens
-        dedicated, cap, boxes = aid in self._dedicated, self._cap, self._held
-        chosen = self.chosen.get(aid)
-        for box_id in candidates:
-            if skip and box_id in skip:
-                continue
-            if examined is not None:
-                examined.append(box_id)
-            held = boxes[box_id]
-            count = held.agents
-            if count >= cap or held.exclusive or (dedicated and count) or (chosen and box_id in chosen):
-                continue
-            holds = held.prefixes
-            if key not in holds:
-                if len(holds) >= held.prefix_limit or held.tokens + tokens > held.token_limit:
-                    continue
-                holds.add(key)
-                held.tokens += tokens
-            held.agents = count + 1
-            if dedicated:
-                held.exclusive = True
-            if chosen is None:
-                chosen = self.chosen[aid] = []
-            chosen.append(box_id)
-            if len(chosen) >= need:
-                break
-        return len(chosen) if chosen else 0
-
     def groups(self) -> dict[str, tuple[str, ...]]:
         return {agent_id: tuple(chosen) for agent_id, chosen in self.chosen.items() if chosen}
-
-
-def single_pass(demand: Demand, index: BoxIndex, fill: Fill, trace: dict[str, Step] | None = None) -> bool:
-    """Where every agent fits with its whole group (caps do not bind: the usual case at fleet scale), one
-    pass in turn order is the answer, each agent's boxes it has first. False when some agent got no box
-    (then coverage comes first, `coverage_first`)."""
-    for agent in demand.ordered:
-        if agent.agent_id in demand.incumbents and not turn(demand, index, fill, agent, trace):
-            return False
-    return True
-
-
-def turn(
-    demand: Demand, index: BoxIndex, fill: Fill, agent: AgentDemand, trace: dict[str, Step] | None
-) -> bool:
-    """One placeable agent's turn of the single pass: its boxes first, then its ranking; whether it got a
-    box. `trace`, when given, receives its step."""
-    aid = agent.agent_id
-    mine = demand.incumbents[aid]
-    step = Step() if trace is not None else None
-    examined = step.examined if step is not None else None
-    need = demand.wanted[aid]
-    took = fill.take_first(agent, mine, need, examined) if mine else 0
-    if took < need:
-        walk = index.walk(aid, demand.seeds[aid], agent.model, step.entered if step is not None else None)
-        took = fill.take_first(agent, walk, need, examined, skip=mine)
-    if step is not None and trace is not None:
-        step.chosen, step.complete = list(fill.chosen.get(aid, ())), took == need
-        trace[aid] = step
-    return bool(took)
 
 
 def coverage_first(demand: Demand, index: BoxIndex, fill: Fill) -> dict[str, UnplacedReason]:
@@ -296,13 +230,14 @@ def place_indexed(
     if groups is None:
         if trace is not None:
             trace.clear()
-        fill = Fill(spec, config, demand.dedicated)
-        single = not _short(demand, spec, index, config) and single_pass(demand, index, fill, trace)
-        if not single:
+        short = _short(demand, spec, index, config)
+        groups = None if short else capped_pass(demand, index, spec, config, trace)  # caps may bind
+        if groups is None:
+            single = False
             if trace is not None:
                 trace.clear()
             fill = Fill(spec, config, demand.dedicated)
             unplaced = coverage_first(demand, index, fill)
-        groups = fill.groups()
+            groups = fill.groups()
     placement = Placement(groups=groups, wanted=demand.wanted, unplaced=unplaced, dedicated=demand.dedicated)
     return placement, single

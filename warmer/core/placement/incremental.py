@@ -1,6 +1,6 @@
 """Placement that follows the fleet one edit at a time, giving exactly what a full `place` would.
 
-Why it can be exact and cheap: in the usual case (every agent fits somewhere: `greedy.single_pass`) the
+Why it can be exact and cheap: in the usual case (every agent fits somewhere: the single pass, `capped`) the
 answer is one pass in turn order, and an agent's choice depends only on what the boxes it looked at held
 when its turn came. So the state keeps, per agent, the boxes it looked at and took (`Step`), and per box its
 takers in turn order. An edit re-runs only the agents it touches — the agent edited, the agents that took a
@@ -24,6 +24,7 @@ from warmer.core.placement.demand import Position, Step, check_agents, incumbent
 from warmer.core.placement.greedy import index_boxes, place_indexed
 from warmer.core.placement.hashing import stable_seed, stable_seeds
 from warmer.core.placement.ranking import BoxIndex
+from warmer.core.placement.takers import BoxHistory
 from warmer.core.placement.types import AgentDemand, Placement, PlacementConfig, UnplacedReason
 
 
@@ -293,11 +294,14 @@ class PlacementState:
             self._note_previous(agent_id, (), group)
         self._steps: dict[str, Step] | None = trace if single else None
         self._takers: dict[str, list[tuple[Position, str]]] = {}
+        self._history: dict[str, BoxHistory] = {}  # from `_takers`; dropped when they change, built anew
         self._examiners: dict[str, set[str]] = {}
         self._entered: dict[tuple[str, int], set[str]] = {}
         self._pending: list[str] = []
         for agent_id, step in trace.items():  # in turn order: each box's takers come out sorted
             self._register(agent_id, step, in_order=True)
+        agents, dedicated = self._agents, self._dedicated
+        self._history = {b: BoxHistory(takers, agents, dedicated) for b, takers in self._takers.items()}
         return frozenset(
             a
             for a in before.keys() | self._groups.keys() | unplaced_before.keys() | self._unplaced.keys()
@@ -318,6 +322,7 @@ class PlacementState:
                 takers.setdefault(box_id, []).append((pos, agent_id))
             else:
                 bisect.insort(takers.setdefault(box_id, []), (pos, agent_id))
+                self._history.pop(box_id, None)
         for number in step.entered:
             self._entered.setdefault((model, number), set()).add(agent_id)
 
@@ -335,14 +340,40 @@ class PlacementState:
             takers = self._takers.get(box_id)
             if takers is not None and (pos, agent_id) in takers:
                 takers.remove((pos, agent_id))
+                self._history.pop(box_id, None)
         for number in step.entered:
             self._entered.get((model, number), set()).discard(agent_id)
         if dirty:
             self._pending.extend(self._later_examiners(step.chosen, pos))
         return step.chosen
 
-    def _later_examiners(self, boxes: Iterable[str], pos: Position) -> list[str]:
-        return [q for box_id in boxes for q in self._examiners.get(box_id, ()) if self._pos[q] > pos]
+    def _later_examiners(self, boxes: Iterable[str], pos: Position, skip: Collection[str] = ()) -> list[str]:
+        """The agents after `pos` that looked at these boxes (whose takers changed) and would now get
+        another answer there than their step took: only those can choose differently. A box that took
+        one agent more at a turn refuses the agents it had taken only as far as its caps now bind, and
+        most agents it had refused (on a capped fleet, many walk past it) stay refused."""
+        steps, positions, agents, dedicated = self._steps, self._pos, self._agents, self._dedicated
+        assert steps is not None
+        cap, later = self._config.max_agents_per_box, []
+        for box_id in boxes:
+            history = None
+            for q in self._examiners.get(box_id, ()):
+                at = positions[q]
+                if at <= pos or q in skip:
+                    continue
+                if history is None:
+                    history = self._box_history(box_id)
+                took = box_id in steps[q].chosen
+                if history.fits(agents[q], q in dedicated, self._spec[box_id], at, cap) != took:
+                    later.append(q)
+        return later
+
+    def _box_history(self, box_id: str) -> BoxHistory:
+        history = self._history.get(box_id)
+        if history is None:
+            takers = self._takers.get(box_id, ())
+            history = self._history[box_id] = BoxHistory(takers, self._agents, self._dedicated)
+        return history
 
     def _join(self, box_id: str) -> frozenset[str]:
         """A box enters placement: the agents whose walk would have reached it, and those it served
@@ -369,6 +400,7 @@ class PlacementState:
         if self._steps is None or not self._index.serves(model):
             return self._rebuild()
         takers = [agent_id for _, agent_id in self._takers.pop(box_id, [])]
+        self._history.pop(box_id, None)
         for agent_id in self._examiners.pop(box_id, set()):
             step = self._steps[agent_id]
             step.examined = [b for b in step.examined if b != box_id]
@@ -395,7 +427,7 @@ class PlacementState:
                 return frozenset(changed | self._rebuild())  # an agent without a box: coverage first
             if new != old:
                 changed.add(agent_id)
-            for later in self._later_examiners(set(old) ^ set(new), pos):
+            for later in self._later_examiners(set(old) ^ set(new), pos, queued):
                 if later not in queued:
                     queued.add(later)
                     heapq.heappush(queue, (self._pos[later], later))
@@ -432,29 +464,12 @@ class PlacementState:
     def _fits_at(
         self, agent: AgentDemand, dedicated: bool, box_id: str, pos: Position, chosen: list[str]
     ) -> bool:
-        """`greedy.Fill.fits` for the box as it was at this turn: only the takers before it count."""
+        """The single pass's check (`capped`) of the box as it was at this turn: only the takers before it
+        count (`BoxHistory`, kept until the box's takers change)."""
         if box_id in chosen:
             return False
-        count, tokens, exclusive = 0, 0, False
-        held: set[str] = set()
-        for taken_at, taker_id in self._takers.get(box_id, ()):
-            if taken_at >= pos:
-                break
-            taker = self._agents[taker_id]
-            count += 1
-            exclusive = exclusive or taker_id in self._dedicated
-            if taker.prefix_key not in held:
-                held.add(taker.prefix_key)
-                tokens += taker.prefix_tokens
-        if exclusive or count >= self._config.max_agents_per_box or (dedicated and count):
-            return False
-        if agent.prefix_key in held:
-            return True  # the prefix is held here already: another agent sharing it costs no cache
-        box = self._spec[box_id]
-        if box.prefix_capacity is not None and len(held) >= box.prefix_capacity:
-            return False
-        capacity = box.cache_capacity_tokens
-        return capacity is None or tokens + agent.prefix_tokens <= capacity
+        history = self._box_history(box_id)
+        return history.fits(agent, dedicated, self._spec[box_id], pos, self._config.max_agents_per_box)
 
 
 def _chain(first: Sequence[str], walk: Iterable[str]) -> Iterable[str]:

@@ -170,8 +170,17 @@ class BoxIndex:
                 ranking.members[number] = row
             bucket.ranked_by.update(agent_id for agent_id, _ in waiting)
 
-    def walk(self, agent_id: str, seed: int, model: str, entered: list[int] | None = None) -> Iterator[str]:
-        """The agent's boxes of its model from most to least preferred, one bucket at a time.
+    def walk(
+        self,
+        agent_id: str,
+        seed: int,
+        model: str,
+        entered: list[int] | None = None,
+        *,
+        after_first: bool = False,
+    ) -> Iterator[str]:
+        """The agent's boxes of its model from most to least preferred, one bucket at a time (`after_first`:
+        from its second bucket on, where `first` gave the first).
 
         `entered` collects every bucket the walk went into, empty ones included: a box joining one of them
         is one the agent would have looked at.
@@ -180,7 +189,10 @@ class BoxIndex:
         buckets = self._models.get(model)
         if buckets is None:
             return
-        for number in self._bucket_order(ranking):
+        order = self._bucket_order(ranking)
+        if after_first:
+            next(order)
+        for number in order:
             if entered is not None:
                 entered.append(number)
             bucket = buckets[number]
@@ -188,6 +200,18 @@ class BoxIndex:
             if not ids:
                 continue
             yield from self._members(agent_id, ranking, bucket)
+
+    def first(self, agent_id: str, seed: int, model: str) -> tuple[int, list[str]]:
+        """The agent's best bucket of its model (which has boxes) and its order of that bucket's boxes, best
+        first: the start of its `walk`, as a list to scan without a generator."""
+        ranking = self._rankings.get(agent_id)
+        if ranking is not None and ranking.seed == seed and ranking.model == model:
+            ranked = ranking.members.get(ranking.first)
+            if ranked is not None:
+                return ranking.first, ranked  # primed: the case of nearly every agent
+        ranking = self._ranking(agent_id, seed, model)
+        bucket = self._models[model][ranking.first]
+        return ranking.first, self._members(agent_id, ranking, bucket) if bucket.ids else []
 
     def head(
         self,
