@@ -5,6 +5,7 @@ fake engine (its cache is the truth every "ready" answer is checked against) and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -56,15 +57,7 @@ def test_a_prefix_whose_slot_was_lent_is_at_risk_until_verified_after_the_lend()
     book.note_side_use("b1", "e1", 1, 150.0)
     assert book.at_risk(key, 200.0, hold=60.0)
     assert book.at_risk(key, 10_000.0, hold=60.0)  # time alone does not clear it
-    book.records[key] = WarmRecord(
-        box_id="b1",
-        epoch="e1",
-        prefix_hash="p1",
-        state=WarmState.WARM,
-        prefix_tokens=500,
-        updated_at=160.0,
-        verified_at=160.0,
-    )
+    book.records[key] = dataclasses.replace(book.records[key], updated_at=160.0, verified_at=160.0)
     assert not book.at_risk(key, 200.0, hold=60.0)
     book.note_side_use("b1", "e1", 1, 170.0)
     book.keep_only_epochs({"b1": "e2"})  # a restart: the old process's lends go with it
