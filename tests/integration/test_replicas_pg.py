@@ -164,9 +164,18 @@ def test_three_replicas_warm_once_share_rollouts_and_take_over_a_dead_holders_bo
             seen = proxies[box_id].seen()
             assert len([s for s in seen if s.is_restart_warmup]) == 1, box_id
             warms = [s for s in seen if s.is_prefix_warm(ids)]
-            assert len(warms) == (1 if box_id in routed else 0), (box_id, len(warms))
-            # the proxy saw exactly what the engine ran
-            assert engine_completion_tasks(fleet.box(box_id).log_path) == len(completions(seen)), box_id
+            # warmed once, by one replica, where routed; a box the first placement picked before the boxes'
+            # capacities were read (read concurrently since) may hold the one warm it got and no route
+            assert len(warms) == 1 if box_id in routed else len(warms) <= 1, (box_id, len(warms))
+            # the proxy saw exactly what the engine ran (a request in flight is in the engine's log before
+            # the proxy records its answer: wait for the two to agree; one that bypassed it never would)
+            any_serve.wait(
+                f"{box_id}: the proxy saw every completion its engine ran",
+                lambda b=box_id: (
+                    engine_completion_tasks(fleet.box(b).log_path)  # type: ignore[misc]
+                    == len(completions(proxies[b].seen()))
+                ),
+            )
 
         # -- 2. a rollout sent to one replica drains the box on all ------------------------------------------
         drained = sorted(routed)[0]
@@ -223,8 +232,12 @@ def test_three_replicas_warm_once_share_rollouts_and_take_over_a_dead_holders_bo
             1 if victim_box in routed_now else 0
         )
         for box_id in box_ids:
-            assert engine_completion_tasks(fleet.box(box_id).log_path) == len(
-                completions(proxies[box_id].seen())
+            any_serve.wait(
+                f"{box_id}: the proxy saw every completion its engine ran",
+                lambda b=box_id: (
+                    engine_completion_tasks(fleet.box(b).log_path)  # type: ignore[misc]
+                    == len(completions(proxies[b].seen()))
+                ),
             )
         for box_id in sorted(routed_now):
             cached = int(turn1(fleet.box(box_id).base_url, agent)["timings"]["cache_n"])
