@@ -16,21 +16,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
-import uuid
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import create_engine, make_url, text
-
+from bench.fleet_scale import fresh_database
 from tests.unit.reconciler_fakes import (
     CountingEngine,
     FakeClock,
     FakeEngine,
     replica_reconciler,
 )
-from warmer.adapters.store import SqlStore, upgrade_database
+from warmer.adapters.store import SqlStore
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.adapters.store.observations import SqlHealthExchange
 from warmer.core.leases import LeaseConfig
@@ -43,9 +40,6 @@ POLL_SECONDS = 5.0
 # Heartbeats run between passes here, not in a task of their own: a lease long enough that a slow pass on
 # a loaded machine never lets one expire mid-run (a lapse would move boxes and blur the count).
 LEASES = LeaseConfig(lease_seconds=600.0, renew_seconds=5.0)
-ADMIN_URL = os.environ.get(
-    "WARMER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 
 
 class CountedExchange:
@@ -148,19 +142,8 @@ async def run_arm(url: str, args: argparse.Namespace, *, holder_only: bool) -> d
 
 
 def with_database(args: argparse.Namespace, holder_only: bool) -> dict[str, object]:
-    admin_url = make_url(ADMIN_URL)
-    name = f"warmer_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-        url = admin_url.set(database=name).render_as_string(hide_password=False)
-        upgrade_database(url)
+    with fresh_database("holder_polls") as (url, _):
         return asyncio.run(run_arm(url, args, holder_only=holder_only))
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def main() -> None:
