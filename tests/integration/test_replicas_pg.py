@@ -162,14 +162,12 @@ def test_three_replicas_warm_once_share_rollouts_and_take_over_a_dead_holders_bo
         assert routed
         for box_id in box_ids:
             seen = proxies[box_id].seen()
-            # one restart warm-up; KNOWN on this tree (stop note of 2026-12-03): a box handed over right after
-            # start may run it a second time on its new holder (engine work wasted, no answer made false)
-            assert 1 <= len([s for s in seen if s.is_restart_warmup]) <= 2, box_id
+            # one restart warm-up, also for a box handed over right after it (its taker reads it back first)
+            assert len([s for s in seen if s.is_restart_warmup]) == 1, box_id
             warms = [s for s in seen if s.is_prefix_warm(ids)]
-            # warmed where routed, by the box's holder; KNOWN on this tree (stop note of 2026-12-03): a box
-            # handed over right after start may be warmed again by its new holder, and a box the first
-            # placement picked may keep its warm without a route. Never more than twice.
-            assert (1 if box_id in routed else 0) <= len(warms) <= 2, (box_id, len(warms))
+            # warmed once, by one replica, where routed; a box the first placement picked before the boxes'
+            # capacities were read (read concurrently since) may hold the one warm it got and no route
+            assert len(warms) == 1 if box_id in routed else len(warms) <= 1, (box_id, len(warms))
             # the proxy saw exactly what the engine ran (a request in flight is in the engine's log before
             # the proxy records its answer: wait for the two to agree; one that bypassed it never would)
             any_serve.wait(
@@ -235,7 +233,7 @@ def test_three_replicas_warm_once_share_rollouts_and_take_over_a_dead_holders_bo
             1 if victim_box in routed_now else 0
         )
         for box_id in box_ids:
-            any_serve.wait(
+            first.wait(  # a survivor's: the killed replica may be the one the first part asked
                 f"{box_id}: the proxy saw every completion its engine ran",
                 lambda b=box_id: (
                     engine_completion_tasks(fleet.box(b).log_path)  # type: ignore[misc]

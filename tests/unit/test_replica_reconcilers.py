@@ -160,6 +160,33 @@ def test_the_survivor_reprobes_a_dead_replicas_boxes_before_routing_them(url: st
     assert inherited
 
 
+def test_a_box_handed_over_right_after_its_warm_up_is_not_warmed_up_again_by_its_taker(url: str) -> None:
+    """The taker read the box's warm-up as "not started" while its first holder ran it; the box is handed
+    over once that holder is idle. Acting on the old read ran the warm-up and its warms a second time (the
+    three-replica PostgreSQL test saw it); the taker reads the warm-up back after the gain first."""
+    engine, clock = FakeEngine(BOX_IDS), FakeClock()
+    one, two = replica(url, "one", engine, clock), replica(url, "two", engine, clock)
+
+    async def scenario() -> None:
+        await one.beat()  # alone: it takes every box
+        await two.reconciler.tick()  # sees the boxes, reads no warm-up phases yet: "not started"
+        assert all(two.reconciler.replicas.acts_on(b) is False for b in BOX_IDS)
+        await settle(one)  # "one" warms every box up, and warms its prefixes
+        mark = len(engine.log)
+        await two.beat()  # "two" joins; "one" hands back its excess (idle) and "two" takes it
+        await one.beat()
+        await two.beat()
+        handed = two.ownership.owned()
+        assert len(handed) == 2
+        await settle(two, one)
+        warms_after = [box for box, kind, _ in engine.log[mark:] if kind == "warm"]
+        assert not handed & set(warms_after), warms_after
+
+    asyncio.run(scenario())
+    assert restart_warmups(engine) == dict.fromkeys(BOX_IDS, 1)
+    assert two.reconciler.ready_box_ids() == one.reconciler.ready_box_ids() == set(BOX_IDS)
+
+
 def alone(url: str, engine: FakeEngine, clock: FakeClock) -> Reconciler:
     """One daemon on its own SQLite file: every box trivially its own, deploy state from the store."""
     store = SqlStore.from_url(url, now=clock.now)

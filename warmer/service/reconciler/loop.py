@@ -215,7 +215,7 @@ class Reconciler:
         )
         # act
         self._runner.buckets = dict(result.buckets)
-        await self._runner.dispatch([a for a in result.actions if self._replicas.owns(a.box_id)])
+        await self._runner.dispatch([a for a in result.actions if self._replicas.acts_on(a.box_id)])
         await self._ready.note(self._health.live, desired, self._observed(for_routes=True))
         self._observer.boxes_seen(self._boxes_seen())
         self._notify_changed()

@@ -8,7 +8,9 @@
 - For a box held elsewhere, the restart warm-up status comes from the holder's phases in the store, and a
   warm record counts only when the current holder verified it while holding the box (`trusted_since`).
 - When this replica loses a lease, the box's engine work is cancelled (the next holder abandons what was
-  left `warming`); a box gained is worked on from the next pass.
+  left `warming`); a box gained gets engine work only once its previous holder's restart warm-up has been
+  read back after the gain (`acts_on`): what this replica read while another held the box may predate that
+  warm-up (read "not started" while it ran), and acting on it would run the warm-up and its warms again.
 Without a gate (one daemon alone) every box is this daemon's and nothing here changes a pass.
 """
 
@@ -64,9 +66,16 @@ class ReplicaSync:
         self._poke = poke
         self._log = log
         self._cancelling: set[asyncio.Future[None]] = set()
+        # boxes gained whose previous holder's restart warm-up has not been read since the gain
+        self._unread_gains: set[str] = set()
 
     def owns(self, box_id: str) -> bool:
         return self._gate is None or self._gate.owns(box_id)
+
+    def acts_on(self, box_id: str) -> bool:
+        """Whether a pass may send the box engine work: this replica holds its lease and has read the box's
+        restart warm-up from the store since it gained it (`refresh_foreign`)."""
+        return self.owns(box_id) and box_id not in self._unread_gains
 
     @property
     def replica_id(self) -> str | None:
@@ -131,18 +140,28 @@ class ReplicaSync:
         self._notify_changed()
 
     async def refresh_foreign(self) -> None:
-        """Boxes held elsewhere and not yet warmed up in their current epoch: how far their holder's restart
-        warm-up got, from its phases in the store."""
+        """Boxes held elsewhere, or gained since the last call, and not yet warmed up in their current
+        epoch: how far their (previous) holder's restart warm-up got, from its phases in the store. A box
+        gained is read once more, so the pass that first works on it starts from what its previous holder
+        finished, not from what this replica read before that holder finished."""
         if self._gate is None:
             return
+        gained, self._unread_gains = self._unread_gains, set()
         wanted = {
             box_id: live.epoch
             for box_id, live in self._health.live.items()
-            if live.epoch is not None and not self.owns(box_id) and live.warmup is not WarmupStatus.DONE
+            if live.epoch is not None
+            and (box_id in gained or not self.owns(box_id))
+            and live.warmup is not WarmupStatus.DONE
         }
         if not wanted:
             return
-        for box_id, seen in (await self._gate.stored_warmups(wanted)).items():
+        try:
+            stored = await self._gate.stored_warmups(wanted)
+        except BaseException:
+            self._unread_gains |= gained  # still unread: no engine work on them until a read succeeds
+            raise
+        for box_id, seen in stored.items():
             live = self._health.live.get(box_id)
             if live is None or live.epoch != wanted[box_id]:
                 continue
@@ -158,6 +177,7 @@ class ReplicaSync:
 
     def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
         """The lease holder's report: work on a box held no more is cancelled; a pass follows."""
+        self._unread_gains = (self._unread_gains | gained) - lost
         for box_id in lost:
             live = self._health.live.get(box_id)
             if live is not None and live.warmup is WarmupStatus.RUNNING:
