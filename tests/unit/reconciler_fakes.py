@@ -112,6 +112,9 @@ class FakeEngine:
         self.gate: asyncio.Event | None = None
         self.clock: FakeClock | None = None
         self.fail_constrained = False
+        # called with (box, slot named) after each warm request, before its probe: what lands in the engine
+        # between a warm and its verification (a call's turn in that slot; raising fails the warm)
+        self.after_warm: Callable[[str, int | None], None] | None = None
         self.lies = False  # every report claims the whole prompt cached, whatever the cache holds
         self.space_tokens = space_tokens
 
@@ -144,6 +147,8 @@ class FakeEngine:
         assert prefix.token_ids is not None
         hit = self.boxes[box.id].use(prefix.token_ids, slot)
         self.slots_named.append((box.id, kind, slot))
+        if kind == "warm" and self.after_warm is not None:
+            self.after_warm(box.id, slot)
         cached = prefix.token_count - 1 if hit or self.lies else 0  # llama.cpp recomputes the last token
         return CompletionReport(
             prompt_tokens=prefix.token_count + len(suffix),

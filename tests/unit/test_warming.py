@@ -89,6 +89,9 @@ class FakeEngine:
         return BoxCapacity(source="fake")
 
 
+IDS = Prefix("p", 100, token_ids=tuple(range(100)))
+
+
 def report(prompt: int, cached: int) -> CompletionReport:
     return CompletionReport(prompt_tokens=prompt, cached_tokens=cached, wall_seconds=0.1)
 
@@ -112,6 +115,23 @@ def test_probe_suffixes_are_unique_per_probe() -> None:
     probes = [s for s in engine.suffixes if s]
     assert len(probes) == 3
     assert len(set(probes)) == 3
+
+
+def test_a_probe_that_misses_right_after_an_answered_warm_is_contested() -> None:
+    """The engine took the warm and the probe, and believably reports the prefix gone in between: the slot
+    was used by something else. Engine errors, unbelievable counts and running-state misses are not."""
+    missed = FakeEngine(warm=report(100, 0), probe=report(110, 4))
+    outcome = asyncio.run(WarmExecutor(missed, FakeClock()).warm_and_verify(BOX, DENSE, IDS))
+    assert (outcome.verified, outcome.contested, outcome.cached_tokens) == (False, True, 4)
+    broken = FakeEngine(warm=report(100, 0), probe=EngineUnavailable("b", "HTTP 503"))
+    assert not asyncio.run(WarmExecutor(broken, FakeClock()).warm_and_verify(BOX, DENSE, IDS)).contested
+    lying = FakeEngine(warm=report(100, 0), probe=report(10_001, 10_000))
+    assert not asyncio.run(WarmExecutor(lying, FakeClock()).warm_and_verify(BOX, DENSE, IDS)).contested
+    hybrid = ModelProfile(name="m", engine=EngineKind.SGLANG, running_state=True, warm_requests_per_prefix=2)
+    executor = WarmExecutor(missed, FakeClock(), max_rounds_running_state=2)
+    assert not asyncio.run(executor.warm_and_verify(BOX, hybrid, IDS)).contested
+    hit = FakeEngine(warm=report(100, 0), probe=report(110, 100))
+    assert not asyncio.run(WarmExecutor(hit, FakeClock()).warm_and_verify(BOX, DENSE, IDS)).contested
 
 
 def test_an_engine_failure_is_a_failed_outcome_naming_it() -> None:
@@ -165,9 +185,6 @@ def test_hit_granularity_uses_the_profile_strategy_only_when_the_server_names_no
     )
     assert hit_granularity(extra, CacheLayout()) == 64
     assert hit_granularity(extra, CacheLayout(page_tokens=1, mamba_strategy=MambaStrategy.NO_BUFFER)) == 1
-
-
-IDS = Prefix("p", 100, token_ids=tuple(range(100)))
 
 
 def test_a_keepalive_probe_claiming_more_cached_than_was_sent_is_not_verified() -> None:

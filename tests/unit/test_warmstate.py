@@ -15,6 +15,7 @@ from warmer.core.warmstate import (
     ProbeWarm,
     Released,
     RetryBackoff,
+    WarmContested,
     WarmEvent,
     WarmFailed,
     WarmStarted,
@@ -125,6 +126,27 @@ def test_failed_waits_for_backoff() -> None:
     assert retry_at(failed_twice, backoff) == 33.0  # doubles
     many = replace(failed_twice, attempts=40)
     assert retry_at(many, backoff) == 13.0 + 60.0  # capped
+
+
+def test_a_contested_warm_stays_warming_and_vouches_for_nothing_meanwhile() -> None:
+    warm = transition(
+        transition(new_record("b", "e", "p", 100, 0.0), WarmStarted(), 1.0), WarmVerified(99), 2.0
+    )
+    touching = transition(transition(warm, KeepaliveDue(), 200.0), WarmStarted(), 201.0)
+    assert is_serving(touching)
+    contested = transition(touching, WarmContested(cached_tokens=3, slot=1), 202.0)
+    assert (contested.state, contested.attempts, contested.warmed_at) == (WarmState.WARMING, 1, None)
+    assert not is_serving(contested)  # the engine was just seen without it
+    assert contested.last_error == "contested: cached 3 of 100 tokens in slot 1"
+    again = transition(contested, WarmVerified(99), 203.0)  # the re-warm of the same attempt
+    assert (again.state, again.attempts, again.warmed_at) == (WarmState.WARM, 0, 203.0)
+    failed = transition(contested, WarmFailed("contested 3 times"), 203.0)
+    assert retry_at(failed, RetryBackoff()) == 203.0 + RetryBackoff().initial_seconds  # the backoff as before
+    for record in (warm, transition(warm, KeepaliveDue(), 200.0), failed):
+        with pytest.raises(IllegalTransition):
+            transition(record, WarmContested(0), 204.0)
+    with pytest.raises(ValueError, match="contested_rewarms"):
+        RetryBackoff(contested_rewarms=-1)
 
 
 def test_new_epoch_resets_from_any_state() -> None:

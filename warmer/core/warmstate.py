@@ -6,6 +6,7 @@ Legal moves (anything else raises `IllegalTransition`, so a confused caller neve
     failed --WarmStarted (after its backoff)--> warming
     warming --WarmVerified (hit big enough)--> warm
     warming --WarmVerified (hit too small) | WarmFailed--> failed
+    warming --WarmContested--> warming        (its slot was overwritten before the probe: warmed again)
     warm --KeepaliveDue--> stale
     warm | stale --ProbeWarm--> warm          (a probe touched it and saw the hit)
     warm | stale --ProbeCold--> evicted
@@ -58,6 +59,17 @@ class WarmFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class WarmContested:
+    """The warm was answered, but its verification probe found fewer cached tokens than the warm had just
+    put there: something else (a call's turn, a side request) used the slot or cache in between. Nothing
+    is vouched for (the engine was just seen without the prefix); the warm is sent again at once, a bounded
+    number of times (`RetryBackoff.contested_rewarms`), and only then fails into the backoff."""
+
+    cached_tokens: int
+    slot: int | None = None  # the slot that was overwritten, where the engine has slots
+
+
+@dataclass(frozen=True, slots=True)
 class KeepaliveDue:
     """The prefix should be touched again soon; still believed warm."""
 
@@ -92,20 +104,36 @@ class EpochChanged:
 
 
 WarmEvent = (
-    WarmStarted | WarmVerified | WarmFailed | KeepaliveDue | ProbeWarm | ProbeCold | Released | EpochChanged
+    WarmStarted
+    | WarmVerified
+    | WarmFailed
+    | WarmContested
+    | KeepaliveDue
+    | ProbeWarm
+    | ProbeCold
+    | Released
+    | EpochChanged
 )
 
 
 @dataclass(frozen=True, slots=True)
 class RetryBackoff:
-    """How long a failed prefix waits before the next warm: exponential in consecutive attempts."""
+    """How long a failed prefix waits before the next warm: exponential in consecutive attempts.
+
+    A contested warm (`WarmContested`: the engine answered, the slot was overwritten before the probe) is
+    no failure of the engine's: it is warmed again at once, up to `contested_rewarms` times in a row within
+    the first attempt since the prefix was last verified, and only then fails into this backoff (a slot
+    overwritten again and again is no warm storm; later attempts get no re-warms)."""
 
     initial_seconds: float = 5.0
     max_seconds: float = 300.0
+    contested_rewarms: int = 2
 
     def __post_init__(self) -> None:
         if self.initial_seconds < 0:
             raise ValueError("initial_seconds must be >= 0")
+        if self.contested_rewarms < 0:
+            raise ValueError("contested_rewarms must be >= 0")
         if self.max_seconds < self.initial_seconds:
             raise ValueError("max_seconds must be >= initial_seconds")
 
@@ -238,6 +266,8 @@ def transition(
             return _warm_verified(record, event, now)
         case WarmFailed():
             return _warm_failed(record, event, now)
+        case WarmContested():
+            return _warm_contested(record, event, now)
         case KeepaliveDue():
             return _keepalive_due(record, event, now)
         case ProbeWarm():
@@ -308,6 +338,21 @@ def _warm_failed(record: WarmRecord, event: WarmFailed, now: float) -> WarmRecor
     if record.state is not WarmState.WARMING:
         raise IllegalTransition(record, event)
     return replace(record, state=WarmState.FAILED, last_error=event.error, updated_at=now, warmed_at=None)
+
+
+def _warm_contested(record: WarmRecord, event: WarmContested, now: float) -> WarmRecord:
+    """Still warming (the same attempt: `attempts` unchanged), vouching for nothing meanwhile: a keepalive
+    warm of a prefix believed warm (`warmed_at` kept) stops serving, as the engine was seen without it."""
+    if record.state is not WarmState.WARMING:
+        raise IllegalTransition(record, event)
+    where = "" if event.slot is None else f" in slot {event.slot}"
+    return replace(
+        record,
+        verified_cached_tokens=event.cached_tokens,
+        last_error=f"contested: cached {event.cached_tokens} of {record.prefix_tokens} tokens{where}",
+        updated_at=now,
+        warmed_at=None,
+    )
 
 
 def _keepalive_due(record: WarmRecord, event: KeepaliveDue, now: float) -> WarmRecord:

@@ -49,6 +49,12 @@ class WarmOutcome:
     # False: the engine could not be asked (transport, status, an unreadable answer), so nothing is known
     # of its cache; not verified, yet no evidence of an eviction either
     answered: bool = True
+    # True: every request was answered and believed, yet the probe found fewer cached tokens than the warm
+    # had just put there: the slot (or cache) was used by something else between the two (a call's turn, a
+    # side request). Not the engine's failure: warmed again at once (`reconciler.contests`). Never set for
+    # running-state models (their bounded rounds already repeat, and a miss there is about checkpoints) or
+    # servers that count their own way (a hosted provider's cache is not one slot to contest).
+    contested: bool = False
 
     def describe(self) -> str:
         cached = "?" if self.cached_tokens is None else str(self.cached_tokens)
@@ -150,8 +156,17 @@ class WarmExecutor:
             for rank in ranks:
                 run.rank = rank
                 if not await self._warm_rank(box, prefix, run, rank, rounds):
+                    contested = not (
+                        profile.running_state
+                        or run.own_counts
+                        or run.unknown_size
+                        or run.contradiction is not None
+                    )
                     return run.outcome(
-                        self._clock.monotonic(), verified=False, reason=run.miss_reason(rounds)
+                        self._clock.monotonic(),
+                        verified=False,
+                        reason=run.miss_reason(rounds),
+                        contested=contested,
                     )
         except EngineError as exc:
             return run.outcome(
@@ -306,7 +321,13 @@ class _Run:
         )
 
     def outcome(
-        self, now: float, *, verified: bool, reason: str | None = None, answered: bool = True
+        self,
+        now: float,
+        *,
+        verified: bool,
+        reason: str | None = None,
+        answered: bool = True,
+        contested: bool = False,
     ) -> WarmOutcome:
         return WarmOutcome(
             box_id=self.box.id,
@@ -324,4 +345,5 @@ class _Run:
             ranks=self.ranks,
             slot=self.slot,
             answered=answered,
+            contested=contested,
         )

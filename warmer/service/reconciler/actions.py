@@ -4,8 +4,9 @@ Bookkeeping transitions (mark stale, retire, abandon) are written at once. Engin
 restart warm-up) runs as named tasks: at most one warm or probe per (box, prefix) at a time (callers of
 the same work await the same future) and within the box's concurrency budget (`slots`), which pre-call
 warms pass through too. Each piece of work writes its transition with a reason, so the store holds the
-history, and wakes the loop when done. How a warm is verified is `warmer.service.engine_work.warming`;
-the restart warm-up runs in `restart_runs`.
+history, and wakes the loop when done. How a warm is verified is `warmer.service.engine_work.warming`; a
+warm whose slot was overwritten before its probe is warmed again in `contests`; the restart warm-up runs in
+`restart_runs`.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from warmer.service.engine_work.fleet_pacer import FleetPacer
 from warmer.service.engine_work.restart_warmup import RestartWarmup
 from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 from warmer.service.reconciler.catalogue import PrefixCatalogue
+from warmer.service.reconciler.contests import ContestedWarms
 from warmer.service.reconciler.evictions import EvictionReactions
 from warmer.service.reconciler.prompts import PromptStaging
 from warmer.service.reconciler.records import WarmBook
@@ -116,6 +118,10 @@ class ActionRunner:
         self.buckets: dict[str, TokenBucket] = {}
         self._box_slots: dict[str, asyncio.Semaphore] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._contests = ContestedWarms(
+            executor=executor, book=book, health=health, config=config, observer=observer, log=log,
+            now=clock.now, blocked=blocked,
+        )  # fmt: skip
         self._restarts = RestartRuns(
             store=store, clock=clock, restart=restart, observer=observer, log=log, boxes=boxes,
             profiles=profiles, agents=agents, health=health, catalogue=catalogue, poke=poke,
@@ -326,8 +332,8 @@ class ActionRunner:
         await self._book.write(
             started, reason=f"warm started: {reason}", previous=record.state if record is not None else None
         )
-        slot = self._book.pin_for(key, self._health.capacity.get(box_id))
-        outcome = await self._executor.warm_and_verify(box, profile, prefix, slot=slot)
+        # a slot overwritten before the probe is warmed again at once (bounded), not failed into the backoff
+        started, outcome = await self._contests.warm(key, started, box, profile, prefix, reason)
         return await self._finish(key, started, outcome, kind="warm", reason=reason)
 
     async def _probe(self, box_id: str, epoch: str, prefix_hash: str, reason: str) -> WarmRecord | None:

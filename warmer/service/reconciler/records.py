@@ -135,9 +135,20 @@ class WarmBook:
         calls = self.slot_calls.get((box_id, epoch, slot), {})
         return any(at > now - hold for at in calls.values())
 
-    def pin_for(self, key: WarmKey, capacity: BoxCapacity | None) -> int | None:
+    def pin_for(
+        self,
+        key: WarmKey,
+        capacity: BoxCapacity | None,
+        *,
+        now: float | None = None,
+        hold: float = 0.0,
+        avoid: Collection[int] = (),
+    ) -> int | None:
         """The slot for a warm of `key`: the one it holds, else a slot no other kept prefix of the box holds
-        (reserved now, so two warms in flight never pick the same), else none (the engine chooses)."""
+        (reserved now, so two warms in flight never pick the same), else none (the engine chooses). Of the
+        free slots, one whose content nothing else is about to replace first: `avoid` (a slot just seen
+        overwritten) last, and before it, given `now`, a slot sent another prefix's call or lent to a side
+        request within `hold` (`used_lately`)."""
         if key in self.pins:
             return self.pins[key]
         if capacity is None or not capacity.pinnable_slots:
@@ -146,8 +157,27 @@ class WarmBook:
         free = [slot for slot in range(capacity.pinnable_slots) if slot not in taken]
         if not free:
             return None
-        self.pins[key] = free[0]
-        return free[0]
+        chosen = min(
+            free,
+            key=lambda slot: (
+                slot in avoid,
+                now is not None and self.used_lately(key, slot, now, hold),
+                slot,
+            ),
+        )
+        self.pins[key] = chosen
+        return chosen
+
+    def used_lately(self, key: WarmKey, slot: int, now: float, hold: float) -> bool:
+        """Within `hold`, a pre-call answer sent a call of another prefix than `key`'s to the slot (its turns
+        may still land there), or the slot was lent to a side request: a warm put there may be overwritten
+        before it is verified or used."""
+        box_id, epoch, prefix_hash = key
+        calls = self.slot_calls.get((box_id, epoch, slot), {})
+        if any(p != prefix_hash and at > now - hold for p, at in calls.items()):
+            return True
+        lent = self.side_uses.get((box_id, epoch, slot))
+        return lent is not None and lent > now - hold
 
     def slot(self, key: WarmKey) -> int | None:
         return self.pins.get(key)

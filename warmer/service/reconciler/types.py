@@ -62,8 +62,8 @@ class ReconcileObserver(Protocol):
     """Where the reconciler reports what metrics count (the root implements it with Prometheus)."""
 
     def warm_finished(self, box_id: str, kind: str, reason: str, outcome: str, seconds: float) -> None:
-        """`kind` is warm or probe; `outcome` verified, failed, cold, or unknown (a probe that could not
-        ask the engine)."""
+        """`kind` is warm or probe; `outcome` verified, failed, cold, unknown (a probe that could not
+        ask the engine), or contested (a warm whose slot was overwritten before its probe: warmed again)."""
         ...
 
     def warm_tokens(self, box_id: str, tokens: int) -> None:
