@@ -195,11 +195,14 @@ def test_a_slot_overwritten_again_and_again_ends_in_the_backoff(store_url: str) 
         side_request(w.engine, "b1", lent.slot)
         await past_the_side_probe(w)
         contested = contest(w.engine, "cool")
+        charged: list[float] = []  # what the re-warms spend of the fleet budget beyond their one admission
+        w.reconciler._runner._contests._charge = charged.append
 
         answer = await w.reconciler.ensure_warm("cool", wait_seconds=0.5)
         assert not answer.routed  # (failed, or still warming again if the wait ran out first)
         await w.reconciler.wait_idle()
         assert len(contested) == 1 + REWARMS
+        assert charged == [float(len(prefix_ids("cool")) * PROFILE.warm_requests_per_prefix)] * REWARMS
         assert (await w.reconciler.ensure_warm("cool", wait_seconds=0.0)).state is WarmState.FAILED
         record = await record_of(w, "cool")
         assert (record.state, record.attempts) == (WarmState.FAILED, 1)  # the first backoff: 5 s

@@ -96,6 +96,19 @@ def test_a_piece_larger_than_the_bucket_goes_from_a_full_one_and_leaves_debt() -
     assert [t.key for t in pacing.admit(9.2)] == ["next"]
 
 
+def test_work_that_sends_more_than_its_ticket_said_is_charged_and_later_work_waits_it_out() -> None:
+    pacing = admission(rate=100.0)  # bucket: 100 tokens
+    pacing.enqueue(ticket("warm", value=5.0, cost=60.0))
+    pacing.enqueue(ticket("next", value=1.0, cost=60.0))
+    assert [t.key for t in pacing.admit(0.0)] == ["warm"]  # 100 -> 40
+    pacing.charge(60.0, 0.0)  # the warm was contested and warmed again within its admission: 40 -> -20
+    assert pacing.tokens(0.0) == pytest.approx(-20.0)
+    assert pacing.admit(0.5) == []  # 30 tokens: 60 do not fit (uncharged, 90 would have)
+    assert [t.key for t in pacing.admit(0.8)] == ["next"]
+    with pytest.raises(ValueError, match="tokens"):
+        pacing.charge(-1.0, 0.8)
+
+
 def test_order_is_strict_a_cheap_piece_does_not_overtake_a_blocked_valuable_one() -> None:
     pacing = admission(rate=100.0)
     pacing.enqueue(ticket("first", value=9.0, cost=90.0))

@@ -181,6 +181,15 @@ class FleetAdmission:
         heapq.heappush(self._by_value, (-ticket.value, self._seq, ticket.key))
         self._by_age.append((self._seq, ticket.key))
 
+    def charge(self, tokens: float, now: float) -> None:
+        """Spend `tokens` more for work already running (a contested warm warmed again within its
+        admission): the bucket may go into debt, which later admissions wait out, as after an urgent one."""
+        if tokens < 0:
+            raise ValueError("tokens must be >= 0")
+        self._refill(now)
+        assert self.bucket is not None
+        self.bucket = replace(self.bucket, tokens=self.bucket.tokens - tokens)
+
     def withdraw(self, key: str) -> None:
         """Forget a waiting ticket (its work was cancelled); a running one is `release`d instead."""
         self._waiting.pop(key, None)

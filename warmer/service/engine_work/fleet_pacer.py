@@ -96,6 +96,11 @@ class FleetPacer:
             self.admission.release(key)
             self._pump()
 
+    def charge(self, tokens: float) -> None:
+        """Engine work already admitted sends `tokens` more than its ticket said (`FleetAdmission.charge`)."""
+        self.admission.charge(tokens, self._clock.monotonic())
+        self._arm(self._clock.monotonic())
+
     def _pump(self) -> None:
         now = self._clock.monotonic()
         for ticket in self.admission.admit(now):

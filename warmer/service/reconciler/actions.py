@@ -120,7 +120,7 @@ class ActionRunner:
         self._tasks: set[asyncio.Task[None]] = set()
         self._contests = ContestedWarms(
             executor=executor, book=book, health=health, config=config, observer=observer, log=log,
-            now=clock.now, blocked=blocked,
+            now=clock.now, blocked=blocked, charge=pacer.charge,
         )  # fmt: skip
         self._restarts = RestartRuns(
             store=store, clock=clock, restart=restart, observer=observer, log=log, boxes=boxes,

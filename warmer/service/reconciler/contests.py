@@ -46,6 +46,7 @@ class ContestedWarms:
         log: structlog.stdlib.BoundLogger,
         now: Callable[[], float],
         blocked: Callable[[str, str], bool],
+        charge: Callable[[float], None] = lambda _tokens: None,
     ) -> None:
         self._executor = executor
         self._book = book
@@ -55,6 +56,7 @@ class ContestedWarms:
         self._log = log
         self._now = now
         self._blocked = blocked
+        self._charge = charge  # the fleet pacer admitted one warm's tokens: each re-warm spends its own
 
     def pin(self, key: WarmKey, avoid: frozenset[int] = frozenset()) -> int | None:
         """The slot a warm of `key` goes to (`WarmBook.pin_for`, preferring one nothing else is using)."""
@@ -106,6 +108,7 @@ class ContestedWarms:
             if outcome.slot is not None:
                 avoid |= {outcome.slot}
             self._book.release_pin(key)
+            self._charge(float(prefix.token_count * profile.warm_requests_per_prefix))
             outcome = await once(self.pin(key, avoid))
         if outcome.contested:
             times = f"{contests + 1} time(s) in a row"
