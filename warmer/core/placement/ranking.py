@@ -278,3 +278,17 @@ class BoxIndex:
         mine = sort_key(seed, self._box_seeds[box_id], ids.index(box_id))
         theirs = sort_key(seed, self._box_seeds[other_id], ids.index(other_id))
         return mine > theirs
+
+
+def rendezvous_order(agent_id: str, box_ids: Iterable[str], buckets: int) -> list[str]:
+    """These boxes in the agent's ranking order (`BoxIndex.walk`'s, whatever else is indexed): bucket rank,
+    then rank inside the bucket. A pure function of the ids, so every process orders them alike; used to
+    order an agent's incumbent boxes taken from shared facts (ties of 64-bit scores break by id)."""
+    seed = stable_seed("agent", agent_id)
+
+    def key(box_id: str) -> tuple[int, int, str]:
+        number = stable_seed("box-bucket", box_id) % buckets
+        bucket = sort_key(seed, stable_seed("bucket", str(number)), number)
+        return -bucket, -(sort_key(seed, stable_seed("box", box_id), 0)), box_id
+
+    return sorted(box_ids, key=key)

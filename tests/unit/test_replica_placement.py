@@ -1,0 +1,94 @@
+"""Replicas agree on placement whatever order they saw the boxes become eligible in.
+
+Placement is sticky: an agent stays on the boxes it holds. When each replica took "the boxes it holds" from
+its own routing history, two replicas that saw the fleet come up in different orders kept different groups
+for good: one waited forever for a prefix on a box whose lease holder had placed that agent elsewhere (the
+box never ready there, the agent's routes short), as `bench.fleet_scale` showed at 500 boxes. Here two real
+Reconcilers share one database over one FakeEngine: replica "one" starts while only b1 and b2 are up, so it
+places both agents there; then b3 and b4 come up and replica "two" starts, seeing all four at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.unit.reconciler_fakes import FakeClock, FakeEngine
+from tests.unit.test_replica_reconcilers import BOX_IDS, Replica, replica, settle
+from warmer.adapters.store import upgrade_database
+from warmer.core.model import WarmRecord, WarmState
+from warmer.core.placement.ranking import rendezvous_order
+from warmer.core.planner import PrefixRef
+from warmer.service.reconciler.incumbents import SharedIncumbents
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    database = f"sqlite:///{tmp_path / 'warmer.db'}"
+    upgrade_database(database)
+    return database
+
+
+def assignment(each: Replica) -> dict[str, set[str]]:
+    desired = each.reconciler.snapshot().desired
+    assert desired is not None
+    return {agent: set(group) for agent, group in desired.assignment.items()}
+
+
+def routed(each: Replica) -> dict[str, set[str]]:
+    return {a: {r.box_id for r in rs} for a, rs in each.reconciler.snapshot().routes().items()}
+
+
+def test_replicas_that_saw_the_boxes_come_up_in_different_orders_converge(url: str) -> None:
+    engine, clock = FakeEngine(BOX_IDS), FakeClock()
+    engine.boxes["b3"].healthy = engine.boxes["b4"].healthy = False
+    one = replica(url, "one", engine, clock)
+    two = replica(url, "two", engine, clock)
+
+    async def scenario() -> dict[str, set[str]]:
+        for _ in range(2):
+            await one.beat()
+        await settle(one)  # "one" alone: both agents placed on b1 and b2, warmed there
+        early = assignment(one)
+        engine.boxes["b3"].healthy = engine.boxes["b4"].healthy = True
+        await settle(one)
+        for _ in range(2):  # "two" joins: the leases split two and two
+            await one.beat()
+            await two.beat()
+        await settle(one, two)
+        return early
+
+    early = asyncio.run(scenario())
+    assert early == {"sales": {"b1", "b2"}, "support": {"b1", "b2"}}
+    assert one.ownership.owned()  # each holds some boxes: each warms only what its placement names
+    assert two.ownership.owned()
+    assert assignment(one) == assignment(two)
+    assert one.reconciler.ready_box_ids() == two.reconciler.ready_box_ids() == set(BOX_IDS)
+    assert routed(one) == routed(two)
+    assert all(len(boxes) == 2 for boxes in routed(two).values())
+
+
+def test_incumbents_are_the_boxes_holding_the_current_prefix_now_in_rendezvous_order() -> None:
+    def row(
+        box_id: str, epoch: str, prefix: str, state: WarmState
+    ) -> tuple[tuple[str, str, str], WarmRecord]:
+        return (box_id, epoch, prefix), WarmRecord(box_id, epoch, prefix, state, 100)
+
+    records = dict(
+        [
+            row("b1", "e1", "p-a", WarmState.WARM),
+            row("b2", "e1", "p-a", WarmState.STALE),
+            row("b3", "e1", "p-a", WarmState.WARMING),  # the holder is putting it there now
+            row("b4", "e1", "p-a", WarmState.EVICTED),  # gone from the engine
+            row("b5", "e1", "p-a", WarmState.FAILED),
+            row("b6", "e1", "p-a", WarmState.COLD),  # released: the holder keeps it no more
+            row("b7", "e0", "p-a", WarmState.WARM),  # an earlier process of b7
+            row("b1", "e1", "p-old", WarmState.WARM),  # the agent's earlier prompt
+        ]
+    )
+    epochs = {f"b{i}": "e1" for i in range(1, 8)}
+    refs = {"a": PrefixRef("p-a", 100), "b": PrefixRef("p-b", 100)}
+    found = SharedIncumbents(8).of(refs, records, epochs)
+    assert found == {"a": tuple(rendezvous_order("a", ["b1", "b2", "b3"], 8))}
