@@ -58,6 +58,9 @@ def test_replicas_that_saw_the_boxes_come_up_in_different_orders_converge(url: s
             await one.beat()
             await two.beat()
         await settle(one, two)
+        settled = (assignment(one), len(engine.warms()))
+        await settle(one, two)  # and it stays so: nothing moves or is warmed again
+        assert (assignment(one), len(engine.warms())) == settled
         return early
 
     early = asyncio.run(scenario())
@@ -68,6 +71,8 @@ def test_replicas_that_saw_the_boxes_come_up_in_different_orders_converge(url: s
     assert one.reconciler.ready_box_ids() == two.reconciler.ready_box_ids() == set(BOX_IDS)
     assert routed(one) == routed(two)
     assert all(len(boxes) == 2 for boxes in routed(two).values())
+    assert len(engine.warms()) == 4  # each agent on its two boxes, warmed once: no warm for a placement
+    # that only one replica held
 
 
 def test_incumbents_are_the_boxes_holding_the_current_prefix_now_in_rendezvous_order() -> None:
