@@ -5,7 +5,9 @@ its own routing history, two replicas that saw the fleet come up in different or
 for good: one waited forever for a prefix on a box whose lease holder had placed that agent elsewhere (the
 box never ready there, the agent's routes short), as `bench.fleet_scale` showed at 500 boxes. Here two real
 Reconcilers share one database over one FakeEngine: replica "one" starts while only b1 and b2 are up, so it
-places both agents there; then b3 and b4 come up and replica "two" starts, seeing all four at once.
+places both agents there; then b3 and b4 come up and replica "two" starts, seeing all four at once. And with
+health polled by lease holders only (as in production), a holder late to report its boxes (stale) makes the
+other replica move no agent.
 """
 
 from __future__ import annotations
@@ -15,13 +17,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.reconciler_fakes import FakeClock, FakeEngine
-from tests.unit.test_replica_reconcilers import BOX_IDS, Replica, replica, settle
-from warmer.adapters.store import upgrade_database
+from tests.unit.reconciler_fakes import FakeClock, FakeEngine, replica_reconciler
+from tests.unit.test_replica_reconcilers import BOX_IDS, LEASES, Replica, replica, settle
+from warmer.adapters.store import SqlStore, upgrade_database
+from warmer.adapters.store.coordination import SqlCoordination
+from warmer.adapters.store.observations import SqlHealthExchange
 from warmer.core.model import WarmRecord, WarmState
+from warmer.core.observations import DEFAULT_STALE_AFTER_SECONDS
 from warmer.core.placement.ranking import rendezvous_order
 from warmer.core.planner import PrefixRef
+from warmer.service.reconciler import Reconciler
 from warmer.service.reconciler.incumbents import SharedIncumbents
+from warmer.service.replicas.ownership import BoxOwnership
+from warmer.service.replicas.replica_gate import ReplicaGate
 
 
 @pytest.fixture
@@ -97,3 +105,52 @@ def test_incumbents_are_the_boxes_holding_the_current_prefix_now_in_rendezvous_o
     refs = {"a": PrefixRef("p-a", 100), "b": PrefixRef("p-b", 100)}
     found = SharedIncumbents(8).of(refs, records, epochs)
     assert found == {"a": tuple(rendezvous_order("a", ["b1", "b2", "b3"], 8))}
+
+
+def sharing_replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replica:
+    """`replica`, with health polled by each box's lease holder only and read from the store elsewhere."""
+    store = SqlStore.from_url(url, now=clock.now)
+    coordination = SqlCoordination(store)
+    holder: list[Reconciler] = []
+    ownership = BoxOwnership(
+        coordination=coordination,
+        clock=clock,
+        config=LEASES,
+        fleet=lambda: BOX_IDS,
+        replica_id=name,
+        on_change=lambda gained, lost: holder[0].replicas.leases_changed(gained, lost) if holder else None,
+    )
+    gate = ReplicaGate(ownership=ownership, coordination=coordination, health=SqlHealthExchange(store))
+    reconciler = replica_reconciler(engine, store, clock, BOX_IDS, gate)
+    holder.append(reconciler)
+    return Replica(name, reconciler, ownership, coordination)
+
+
+def test_a_holder_late_to_report_its_boxes_moves_no_agent_on_the_other_replica(url: str) -> None:
+    """Before: the reader took the late boxes out of placement, moved their agents onto boxes it held and
+    warmed them there (3 warms a spell), then kept that placement for good (its own routing)."""
+    engine, clock = FakeEngine(BOX_IDS), FakeClock()
+    one, two = sharing_replica(url, "one", engine, clock), sharing_replica(url, "two", engine, clock)
+
+    async def scenario() -> None:
+        for _ in range(2):
+            await one.beat()
+            await two.beat()
+        await settle(one, two)
+        before, warms = assignment(one), len(engine.warms())
+        assert assignment(two) == before
+        late = one.ownership.owned()
+        for _ in range(3):  # "one" renews its leases but reports nothing for longer than the bound
+            for _ in range(2):
+                clock.t += DEFAULT_STALE_AFTER_SECONDS / 2 + 0.5
+                await one.beat()
+                await two.beat()
+            await settle(two, rounds=2)
+            assert not late & (two.reconciler.ready_box_ids() or set())  # not ready on a late report
+            assert assignment(two) == before
+            assert all(not late & boxes for boxes in routed(two).values())
+            await settle(one, two)
+            assert routed(one) == routed(two)
+        assert len(engine.warms()) == warms
+
+    asyncio.run(scenario())

@@ -21,6 +21,7 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
+from warmer.core.errors import HealthFailure
 from warmer.core.model import BoxSpec, Campaign, ModelProfile
 from warmer.core.placement import (
     AgentDemand,
@@ -131,11 +132,19 @@ class DesiredState:
         sooner than its warm-up). Such a box hands its agents to the rest of the fleet at once, warmed there
         before traffic moves; they come back once it is warmed up, since rendezvous ranks are fixed. Boxes
         on their first warm-up under this daemon stay eligible, so a fleet starting together is placed once,
-        not reshuffled box by box as each finishes."""
+        not reshuffled box by box as each finishes.
+
+        A box held by another replica whose latest report is too old (`stale`) stays eligible as it was last
+        seen: it is out of readiness and routes here (a late report is no ready box), but its agents are not
+        moved for a late report. The holder, which polls it, moves nothing; were this replica to move them
+        onto boxes it holds, it would warm them there and retire them again once the report is fresh (three
+        warms per stale spell in the replica test), and before the placement followed the shared records,
+        one stale spell left two replicas' placements different for good. A holder that died loses the
+        lease within `lease_seconds + renew_seconds`; the box is then polled here, as it is."""
         return frozenset(
             box_id
             for box_id, live in self._health.live.items()
-            if live.healthy
+            if (live.healthy or (live.seen_up and live.health_error_kind is HealthFailure.STALE))
             and live.epoch is not None
             and not self._drained(box_id)
             and (live.warmup is WarmupStatus.DONE or not self._served(box_id))
