@@ -17,7 +17,8 @@ Per box count:
    time until every agent is routed again on every replica with as many routes as before, and until every
    restarted box is ready again everywhere (from every box's full view, read every `VIEW_SECONDS`); next
    to the shortest time the fleet warm budget (warmer_fleet_warm_budget_tokens_per_second) allows for the
-   tokens the restarted boxes held.
+   tokens the restarted boxes held; and whether the replicas' route tables were equal right before the
+   wave and at its end (read one after the other, so a pass between two reads can tell them apart).
 
 warmer has no call volumes here (no usage records are fed), so "routed warm again" is "every agent routed
 with its pre-restart number of routes on every replica", not "99% of call volume".
@@ -395,9 +396,18 @@ def restart_wave(
         time.sleep(POLL_SECONDS)
     gone = [gone_at[b] for b in routed_restarted if b in gone_at]
     back = list(back_at.values())
+    try:
+        after = [r.routes() for r in replicas]
+    except httpx.TransportError:
+        after = []
     return {
         "restarted": len(ids),
         "restarted_routed": len(routed_restarted),
+        # the replicas' route tables (agent -> boxes) read one after the other right before the wave and
+        # once more at its end: equal when the replicas agree on placement and on what is warm
+        "routes_agree_before": all(table == before[0] for table in before),
+        "routed_boxes_before_per_replica": [len(set().union(*table.values())) for table in before],
+        "routes_agree_after": bool(after) and all(table == after[0] for table in after),
         "poll_round_seconds_p50": _round(percentile(poll_seconds, 0.5)),
         "polls": polls,
         "routes_gone_everywhere_seconds": {

@@ -41,6 +41,11 @@ def test_a_tiny_run_reports_every_figure() -> None:
     restart = result["restart"]
     assert restart["restarted"] == 2
     assert restart["restarted_routed"] >= 1  # routed boxes go first in the wave
+    # whether the replicas' route tables agreed (read one after the other: a race, so reported, not asserted)
+    assert len(restart["routed_boxes_before_per_replica"]) == 2
+    assert min(restart["routed_boxes_before_per_replica"]) >= 1
+    assert isinstance(restart["routes_agree_before"], bool)
+    assert isinstance(restart["routes_agree_after"], bool)
     gone, back = restart["routes_gone_everywhere_seconds"], restart["restarted_ready_everywhere_seconds"]
     assert gone["missed"] == 0
     assert back["missed"] == 0

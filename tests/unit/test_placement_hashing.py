@@ -16,7 +16,7 @@ from warmer.core.placement.hashing import (
     sort_key,
     stable_seed,
 )
-from warmer.core.placement.ranking import BoxIndex
+from warmer.core.placement.ranking import BoxIndex, rendezvous_order
 
 seeds64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
 
@@ -82,3 +82,23 @@ def test_primed_walks_equal_lazy_walks_also_after_a_box_leaves(
     walks = _walks(primed, agents, "m")
     assert walks == _walks(lazy, agents, "m")
     assert all(gone not in walk for walk in walks)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    agent=st.text(min_size=1, max_size=8),
+    fleet=st.lists(st.integers(min_value=0, max_value=500), min_size=1, max_size=60, unique=True),
+    data=st.data(),
+)
+def test_rendezvous_order_of_some_boxes_is_their_order_in_the_agents_walk(
+    agent: str, fleet: list[int], data: st.DataObject
+) -> None:
+    """Incumbent boxes read from shared facts are ordered without an index, as every replica's walk
+    over whatever fleet it has indexed would order them."""
+    ids = [f"box-{i}" for i in fleet]
+    index = BoxIndex(8)
+    for box_id in ids:
+        index.add(box_id, "m")
+    some = data.draw(st.lists(st.sampled_from(ids), unique=True))
+    walk = list(index.walk(agent, stable_seed("agent", agent), "m"))
+    assert rendezvous_order(agent, some, 8) == [box_id for box_id in walk if box_id in set(some)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from tests.unit.reconciler_fakes import FakeClock, World, route_boxes, settle, world
+from tests.unit.reconciler_fakes import FakeClock, FakeEngine, World, route_boxes, routed_boxes, settle, world
 from warmer.core.model import LoggedEvent, PhaseName, PhaseRecord, WarmRecord, WarmState
 from warmer.core.warmstate import RetryBackoff
 from warmer.service.reconciler import NullObserver
@@ -192,3 +192,28 @@ def test_a_warm_left_in_flight_by_a_killed_daemon_is_redone_at_once_by_the_next(
         await second.store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_restarted_daemon_keeps_its_agents_where_their_prefixes_are_warm(store_url: str) -> None:
+    """Placement is sticky to the store's warm records, not to a routing that died with the daemon: a
+    daemon restarted with more boxes configured keeps the agent on the boxes that hold its prefix (each
+    re-probed, none warmed again) instead of moving it to the top of its ranking over the larger fleet."""
+    ids = ("b1", "b2", "b3", "b4", "b5", "b6")
+
+    async def scenario() -> tuple[list[str], int]:
+        clock = FakeClock()
+        engine = FakeEngine(ids)
+        first = world(store_url, box_ids=("b1", "b2"), engine=engine, clock=clock)
+        await settle(first.reconciler)
+        assert routed_boxes(first.reconciler, "sales") == ["b1", "b2"]
+        await first.store.close()
+        warms = len(engine.warms())
+        clock.t += 60.0
+        second = world(store_url, box_ids=ids, engine=engine, clock=clock)
+        await settle(second.reconciler)
+        await second.store.close()
+        return routed_boxes(second.reconciler, "sales"), len(engine.warms()) - warms
+
+    routed, warmed_again = asyncio.run(scenario())
+    assert routed == ["b1", "b2"]
+    assert warmed_again == 0

@@ -19,6 +19,7 @@ Both give the same keys (`hashing`).
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -278,3 +279,24 @@ class BoxIndex:
         mine = sort_key(seed, self._box_seeds[box_id], ids.index(box_id))
         theirs = sort_key(seed, self._box_seeds[other_id], ids.index(other_id))
         return mine > theirs
+
+
+def rendezvous_order(agent_id: str, box_ids: Iterable[str], buckets: int) -> list[str]:
+    """These boxes in the agent's ranking order (`BoxIndex.walk`'s, whatever else is indexed): bucket rank,
+    then rank inside the bucket. A pure function of the ids, so every process orders them alike; used to
+    order an agent's incumbent boxes taken from shared facts (ties of 64-bit scores break by id)."""
+    seed = stable_seed("agent", agent_id)
+
+    def key(box_id: str) -> tuple[int, int, str]:
+        number, bucket_seed, box_seed = _box_seeds(box_id, buckets)
+        return -sort_key(seed, bucket_seed, number), -sort_key(seed, box_seed, 0), box_id
+
+    return sorted(box_ids, key=key)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _box_seeds(box_id: str, buckets: int) -> tuple[int, int, int]:
+    """A box's bucket, that bucket's seed and its own seed (as `BoxIndex.add` computes them), kept: an
+    order of a few boxes then costs no hashing of boxes already seen."""
+    number = stable_seed("box-bucket", box_id) % buckets
+    return number, stable_seed("bucket", str(number)), stable_seed("box", box_id)

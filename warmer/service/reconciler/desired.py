@@ -5,7 +5,9 @@ agent's volume (campaigns widen placement ahead of their window: `warmer.core.ca
 add their observed rate), within each box's cache capacity. It is recomputed only when its inputs
 change, and then edit by edit: one `PlacementState` is kept across passes and brought to the new inputs
 (a box added, removed, drained or resized, an agent's prefix or volume changed), which re-runs only the
-agents the edits touch and equals a full `place` of the same inputs.
+agents the edits touch and equals a full `place` of the same inputs. Placement is sticky to where each
+agent's prefix is held now, read from the shared warm records (`incumbents`), not from this replica's own
+routing: several replicas then agree on it.
 Handover (move-before-switch) keeps routing an agent to its old boxes until it is warm on the new ones, so a
 placement change never sends calls to a cold box while a warm one exists.
 """
@@ -19,6 +21,7 @@ import structlog
 
 from warmer.core.agents import AgentSpec
 from warmer.core.campaigns import campaign_demand, merge_demand
+from warmer.core.errors import HealthFailure
 from warmer.core.model import BoxSpec, Campaign, ModelProfile
 from warmer.core.placement import (
     AgentDemand,
@@ -32,6 +35,7 @@ from warmer.core.placement import (
 from warmer.core.placement.loans import LentBoxCaps
 from warmer.core.planner import Desired, PrefixRef, WarmupStatus
 from warmer.core.warmstate import is_serving
+from warmer.service.reconciler.incumbents import SharedIncumbents
 from warmer.service.reconciler.records import WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 from warmer.service.reconciler.types import ReconcilerConfig
@@ -75,6 +79,7 @@ class DesiredState:
         self._placement_key: object = None
         self._placement: Mapping[str, tuple[str, ...]] = {}
         self._state: PlacementState | None = None  # built on the first placement, then edited
+        self._incumbents = SharedIncumbents(config.placement.hash_buckets)
         self.volume: Mapping[str, float] = {}  # calls/minute per agent, as the last build saw it
         self.values = WorkValues()  # what engine work is worth, for the fleet pacer
         # running just-in-time loans laid over each handover (`loans.PrefixLoans.overlay`)
@@ -127,11 +132,19 @@ class DesiredState:
         sooner than its warm-up). Such a box hands its agents to the rest of the fleet at once, warmed there
         before traffic moves; they come back once it is warmed up, since rendezvous ranks are fixed. Boxes
         on their first warm-up under this daemon stay eligible, so a fleet starting together is placed once,
-        not reshuffled box by box as each finishes."""
+        not reshuffled box by box as each finishes.
+
+        A box held by another replica whose latest report is too old (`stale`) stays eligible as it was last
+        seen: it is out of readiness and routes here (a late report is no ready box), but its agents are not
+        moved for a late report. The holder, which polls it, moves nothing; were this replica to move them
+        onto boxes it holds, it would warm them there and retire them again once the report is fresh (three
+        warms per stale spell in the replica test), and before the placement followed the shared records,
+        one stale spell left two replicas' placements different for good. A holder that died loses the
+        lease within `lease_seconds + renew_seconds`; the box is then polled here, as it is."""
         return frozenset(
             box_id
             for box_id, live in self._health.live.items()
-            if live.healthy
+            if (live.healthy or (live.seen_up and live.health_error_kind is HealthFailure.STALE))
             and live.epoch is not None
             and not self._drained(box_id)
             and (live.warmup is WarmupStatus.DONE or not self._served(box_id))
@@ -164,30 +177,38 @@ class DesiredState:
         ]
         boxes = self.placement_boxes()
         eligible = self._eligible_boxes()
+        # where each agent is now, from the shared warm records: every replica keeps the same agents
+        # sticky to the same boxes (`incumbents`), so they agree on the placement
+        incumbents = self._incumbents.of(refs, self._book.records, self._health.current_epochs())
         key = (
             tuple(sorted((b.id, b.prefix_capacity, b.cache_capacity_tokens) for b in boxes)),
             tuple(sorted(eligible)),
             tuple((d.agent_id, d.prefix_hash, d.prefix_tokens, _group_key(config, d)) for d in demands),
+            incumbents,
         )
         if key != self._placement_key:
-            placement = self._replace(boxes, demands, eligible)
+            placement = self._replace(boxes, demands, eligible, incumbents)
             for agent, why in placement.unplaced.items():
                 self._log.warning("agent not placed", agent=agent, reason=str(why))
             self._placement, self._placement_key = placement.groups, key
         return self._placement, eligible
 
     def _replace(
-        self, boxes: Sequence[BoxSpec], demands: Sequence[AgentDemand], eligible: frozenset[str]
+        self,
+        boxes: Sequence[BoxSpec],
+        demands: Sequence[AgentDemand],
+        eligible: frozenset[str],
+        incumbents: Mapping[str, tuple[str, ...]],
     ) -> Placement:
-        """`place(boxes, demands, config, eligible=..., previous=routing)`, through the kept state: the
+        """`place(boxes, demands, config, eligible=..., previous=incumbents)`, through the kept state: the
         first time a full placement, then only the edits since the last one."""
         config = self._config.placement
         state = self._state
         if state is None or state.config != config:
-            state = PlacementState(boxes, demands, config, eligible=eligible, previous=self.routing)
+            state = PlacementState(boxes, demands, config, eligible=eligible, previous=incumbents)
         else:
             try:
-                state.update(boxes, demands, eligible=eligible, previous=self.routing)
+                state.update(boxes, demands, eligible=eligible, previous=incumbents)
             except ValueError:
                 self._state = None  # bad input: the next placement starts afresh
                 raise

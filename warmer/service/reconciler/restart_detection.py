@@ -252,6 +252,8 @@ class BoxHealth:
                 return
             live.slow_polls = 0
             kind = kind or HealthFailure.UNHEALTHY
+            if kind is not HealthFailure.STALE:
+                live.seen_up = False
             if live.healthy:
                 self._log.warning("box unhealthy: out of every route", box=box.id, kind=kind, error=error)
                 event = LoggedEvent(
@@ -280,13 +282,18 @@ class BoxHealth:
         if not live.healthy and live.health_error is not None:
             self._log.info("box healthy again", box=box.id, was=live.health_error_kind)
         live.healthy, live.health_error, live.health_error_kind, live.slow_polls = True, None, None, 0
+        live.seen_up = True
 
     def _new_epoch(self, box: BoxSpec, epoch: str, previous: BoxLive, now: float) -> None:
         """A restart: the new process starts cold (the view changes now: its records, keyed by epoch, no
         longer match); the old records dropped, its capacity read, its epoch stored and its warm-up resumed if
         begun follow for every new process of the round (`_settle_new`)."""
         fresh = BoxLive(
-            healthy=True, epoch=epoch, healthy_since=now, healthy_since_mono=self._clock.monotonic()
+            healthy=True,
+            epoch=epoch,
+            healthy_since=now,
+            healthy_since_mono=self._clock.monotonic(),
+            seen_up=True,
         )
         self.live[box.id] = fresh
         self._log.info("box epoch", box=box.id, epoch=epoch, previous=previous.epoch)

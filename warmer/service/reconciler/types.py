@@ -252,6 +252,8 @@ class BoxLive:
     health_error: str | None = None
     health_error_kind: HealthFailure | None = None  # how the last poll failed (refused, timeout, ...)
     slow_polls: int = 0  # health polls in a row answered too late while it stayed in its routes
+    # the last verdict that was not "stale" (its holder's report too old) said up: placement keeps the box
+    seen_up: bool = False
     healthy_since: float | None = None  # unix seconds: health first seen up in this epoch
     healthy_since_mono: float | None = None
     warmup: WarmupStatus = WarmupStatus.NOT_STARTED
