@@ -164,7 +164,7 @@ class SqlCoordination:
                 self._notify(session, "leases")
             return self._view(session, now, fleet)
 
-        return await self._store._run(work, write=True)
+        return await self._store._run(work, write=True, lane=True)
 
     async def release(self, replica_id: str, *, leave: bool = True) -> None:
         """Give back every lease of `replica_id` at once (a graceful stop), and with `leave` its replica
@@ -181,7 +181,7 @@ class SqlCoordination:
                 session.execute(delete(ReplicaRow).where(ReplicaRow.id == replica_id))
             self._notify(session, "leases")
 
-        await self._store._run(work, write=True)
+        await self._store._run(work, write=True, lane=True)
 
     async def lease_view(self) -> LeaseView:
         """Every lease row and live replica now (for status and tests)."""

@@ -1,7 +1,10 @@
 """`SqlStore`: the StorePort over SQLAlchemy, on embedded SQLite or PostgreSQL (psycopg 3).
 
-The ORM work is synchronous and runs in a worker thread (`asyncio.to_thread`), one short transaction per
-call: no async driver to install, and the event loop never waits on disk or the network. Writes that
+The ORM work is synchronous and runs in a worker thread, one short transaction per call: no async driver
+to install, and the event loop never waits on disk or the network. The threads are the store's own
+(`STORE_THREADS`, fewer than the connection pool holds), not the event loop's default executor, where
+tokenizing prompts and other blocking work queue; and lease heartbeats have a lane of their own
+(`lane=True`), so a replica under load never lets its leases lapse behind its own store work. Writes that
 must not race (upserts, idempotency keys) lean on the database's own constraints, so several daemon
 replicas on one PostgreSQL stay correct.
 
@@ -18,9 +21,12 @@ transaction through the same plumbing at the bottom; apart, the methods would lo
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import json
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -62,6 +68,10 @@ from warmer.core.tokenizer_drift import TokenCountObservation
 
 T = TypeVar("T")
 
+# Worker threads of one store (below SQLAlchemy's default pool of 5 + 10 overflow connections, so a
+# transaction never waits for a connection), and the lease heartbeats' own thread beside them.
+STORE_THREADS = 8
+
 # Event kinds this store appends by itself, next to whatever the services log.
 
 
@@ -76,6 +86,8 @@ class SqlStore:
             raise StoreError(f"database url: unsupported backend {self._dialect!r} (sqlite or postgresql)")
         self._now = now  # only for rows whose port call carries no time (sync_boxes)
         self._fence: str | None = None  # the replica whose lease every box-scoped write must hold
+        self._threads = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="warmer-store")
+        self._lane = ThreadPoolExecutor(1, thread_name_prefix="warmer-store-leases")
 
     @classmethod
     def from_url(cls, url: str, *, now: Callable[[], float] = time.time) -> SqlStore:
@@ -128,7 +140,9 @@ class SqlStore:
         return frozenset(box_ids) - set(session.scalars(held))
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._engine.dispose)
+        """Close the pool's connections. The store stays usable (a later call connects again, as SQLAlchemy
+        allows), so its threads stay too: idle, they end with the store."""
+        await self._in_thread(self._engine.dispose)
 
     # -- boxes and epochs ---------------------------------------------------------------------------
 
@@ -508,7 +522,7 @@ class SqlStore:
                 raise
             return True
 
-        return await asyncio.to_thread(attempt)
+        return await self._in_thread(attempt)
 
     async def append_event(self, event: LoggedEvent) -> None:
         detail = _json_detail(event.detail)
@@ -546,12 +560,20 @@ class SqlStore:
 
     # -- plumbing -----------------------------------------------------------------------------------
 
-    async def _run(self, work: Callable[[Session], T], *, write: bool) -> T:
+    async def _run(self, work: Callable[[Session], T], *, write: bool, lane: bool = False) -> T:
+        """`work` in one transaction on a store thread; `lane`: on the lease heartbeats' own thread."""
+
         def in_thread() -> T:
             with self._translated_errors(), self._session(write=write) as session:
                 return work(session)
 
-        return await asyncio.to_thread(in_thread)
+        return await self._in_thread(in_thread, lane=lane)
+
+    async def _in_thread(self, call: Callable[[], T], *, lane: bool = False) -> T:
+        """`call` on one of the store's threads, with the caller's context (as `asyncio.to_thread`)."""
+        threads = self._lane if lane else self._threads
+        bound = functools.partial(contextvars.copy_context().run, call)
+        return await asyncio.get_running_loop().run_in_executor(threads, bound)
 
     @contextmanager
     def _session(self, *, write: bool) -> Iterator[Session]:
