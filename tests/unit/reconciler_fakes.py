@@ -69,6 +69,11 @@ class FakeBox:
     cache: dict[tuple[int, ...], None] = field(default_factory=dict)  # insertion order = LRU order
     holds: int | None = None
     pinnable: bool = False  # `holds` slots that a request may name (llama.cpp id_slot)
+    # Prompts a host prompt cache (llama-server `--cache-ram`) keeps beyond the slots: a prompt a named
+    # request pushes out of its slot is kept there, and a request for it restores it into the slot it runs
+    # in (server-task.cpp `server_prompt_cache::alloc`/`load`). Like llama-server, `capacity()` does not
+    # report it.
+    host: int = 0
 
     slot_prompts: dict[int, tuple[int, ...]] = field(default_factory=dict)  # pinnable: what each slot holds
 
@@ -76,16 +81,16 @@ class FakeBox:
         """Send `prompt` through the cache: True when it was held; it is then the most recent. On pinnable
         slots a request naming one replaces what that slot held (llama.cpp: a slot holds one prompt)."""
         if slot is not None and self.pinnable:
-            hit = self.slot_prompts.get(slot) == prompt
+            hit = self.slot_prompts.get(slot) == prompt or (self.host > 0 and prompt in self.cache)
             old = self.slot_prompts.get(slot)
             self.slot_prompts[slot] = prompt
-            if old is not None and old != prompt and old not in self.slot_prompts.values():
+            if old is not None and old != prompt and old not in self.slot_prompts.values() and not self.host:
                 self.cache.pop(old, None)
         else:
             hit = prompt in self.cache
         self.cache.pop(prompt, None)
         self.cache[prompt] = None
-        while self.holds is not None and len(self.cache) > self.holds:
+        while self.holds is not None and len(self.cache) > self.holds + self.host:
             evicted = next(iter(self.cache))
             del self.cache[evicted]
             self.slot_prompts = {s: p for s, p in self.slot_prompts.items() if p != evicted}
@@ -261,9 +266,16 @@ class SpecTextPrefixSource(FakePrefixSource):
         return ComputedPrefix(Prefix(text=text, token_count=len(ids), token_ids=ids), "fake")
 
 
-def boxes(*box_ids: str) -> list[BoxSpec]:
+def boxes(*box_ids: str, prefix_capacity: int | None = None) -> list[BoxSpec]:
     return [
-        BoxSpec(id=b, base_url=f"http://{b}:8080", engine=EngineKind.LLAMACPP, model="m", slots=2)
+        BoxSpec(
+            id=b,
+            base_url=f"http://{b}:8080",
+            engine=EngineKind.LLAMACPP,
+            model="m",
+            slots=2,
+            prefix_capacity=prefix_capacity,
+        )
         for b in box_ids
     ]
 
@@ -321,6 +333,7 @@ def world(
     lend_seconds: float = 60.0,
     gate: GateConfig | None = None,
     fleet_budget: FleetBudget | None = None,
+    prefix_capacity: int | None = None,
 ) -> World:
     """The real Reconciler over a FakeEngine, a FakeClock and a SqlStore on `store_url` (migrated).
 
@@ -336,7 +349,7 @@ def world(
         engine=engine,
         store=store,
         clock=clock,
-        boxes=boxes(*box_ids),
+        boxes=boxes(*box_ids, prefix_capacity=prefix_capacity),
         profiles={"m": PROFILE},
         agents=dict(specs) if specs is not None else {a: agent(a) for a in agents},
         prefix_source=source,
