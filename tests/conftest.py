@@ -70,16 +70,18 @@ LlamaFleetFactory = Callable[..., LlamaFleet]
 def llama_fleet_factory(
     llama_server_binary: Path, tiny_model_path: Path, tmp_path: Path
 ) -> Iterator[LlamaFleetFactory]:
-    """`factory(n, *, slots=1, ctx_per_slot=4096)` starts n healthy boxes; all are stopped at teardown."""
+    """`factory(n, *, slots=1, ctx_per_slot=4096, cache_ram_mib=0)` starts n healthy boxes (`cache_ram_mib`
+    > 0: each with a host prompt cache of that many MiB); all are stopped at teardown."""
     fleets: list[LlamaFleet] = []
 
-    def start(n: int, *, slots: int = 1, ctx_per_slot: int = 4096) -> LlamaFleet:
+    def start(n: int, *, slots: int = 1, ctx_per_slot: int = 4096, cache_ram_mib: int = 0) -> LlamaFleet:
         fleet = LlamaFleet(
             n,
             binary=llama_server_binary,
             model=tiny_model_path,
             slots=slots,
             ctx_per_slot=ctx_per_slot,
+            cache_ram_mib=cache_ram_mib,
             log_dir=tmp_path / f"llama-fleet-{len(fleets)}",
         )
         fleets.append(fleet)

@@ -22,7 +22,15 @@ from warmer.adapters.engines.restart_watch import RestartWatch
 from warmer.cli import main
 from warmer.cli.exits import Exit
 from warmer.core.errors import EngineDown, HealthFailure
-from warmer.core.model import BoxSpec, CacheStats, EngineKind, EngineTimeouts, ModelProfile, Prefix
+from warmer.core.model import (
+    BoxCapacity,
+    BoxSpec,
+    CacheStats,
+    EngineKind,
+    EngineTimeouts,
+    ModelProfile,
+    Prefix,
+)
 from warmer.root.engines import SystemClock
 from warmer.service.engine_work.warming import WarmExecutor, WarmOutcome
 
@@ -162,6 +170,52 @@ def test_a_prefix_evicted_from_the_only_slot_reads_cold_again(llama_fleet_factor
     assert not evicted.verified
     assert evicted.cached_tokens is not None
     assert evicted.cached_tokens <= 4
+
+
+def test_a_host_prompt_cache_holds_more_prefixes_than_slots_and_reports_none_of_it(
+    llama_fleet_factory: FleetFactory,
+) -> None:
+    """`--cache-ram 64` on 2 slots: four prefixes warmed one after another are all found cached again (the
+    ones pushed out of the slots are restored from host RAM), yet /props, /slots and /metrics say nothing
+    of the cache (llama.cpp b11434, tools/server/server-context.cpp `get_res_props`, `server_slot::to_json`;
+    server-task.cpp `server_task_result_metrics::to_metrics`), so the capacity reading is the slots, named
+    as a floor. If a later build reports the cache, the key check below fails: read it then."""
+    fleet = llama_fleet_factory(1, slots=2, cache_ram_mib=64)
+    box = spec(fleet.boxes[0])
+    state = RestartWatch()
+    texts = [f"Agent {i}. " + PREFIX_TEXT for i in range(4)]  # distinct from the second token on
+
+    async def scenario(engine: LlamaCppEngine) -> tuple[list[WarmOutcome], list[WarmOutcome], BoxCapacity]:
+        prefixes = [await token_prefix(engine, box, text) for text in texts]
+        warmed = [await warm(engine, box, prefix) for prefix in prefixes]
+        again = [await probe(engine, box, prefix) for prefix in prefixes]
+        return warmed, again, await engine.capacity(box)
+
+    warmed, again, capacity = with_engine(scenario, state)
+    assert all(w.verified for w in warmed), [w.describe() for w in warmed]
+    assert all(a.verified for a in again), [a.describe() for a in again]  # 4 prefixes held on 2 slots
+    assert (capacity.prefixes, capacity.pinnable_slots, capacity.tokens) == (2, 2, None)
+    assert "host prompt cache is not reported" in capacity.source
+
+    props = httpx.get(f"{box.base_url}/props", timeout=10).json()
+    slots = httpx.get(f"{box.base_url}/slots", timeout=10).json()
+    metrics = httpx.get(f"{box.base_url}/metrics", timeout=10).text
+    print(f"capacity {capacity}; /props keys {sorted(props)}; /slots keys {sorted(slots[0])}")
+    cache_words = ("cache_ram", "prompt_cache", "cache_size", "cache_limit", "cache_prompts")
+    assert not [key for key in _keys(props) if any(word in key for word in cache_words)]
+    assert len(slots) == 2
+    assert not [key for slot in slots for key in _keys(slot) if any(word in key for word in cache_words)]
+    assert "llamacpp:prompt_tokens_cached_total" in metrics  # reuse is counted; the cache's room is not
+    assert not any(word in metrics for word in cache_words)
+
+
+def _keys(value: object) -> list[str]:
+    """Every key of a JSON value, nested ones included."""
+    if isinstance(value, dict):
+        return [*value, *(key for item in value.values() for key in _keys(item))]
+    if isinstance(value, list):
+        return [key for item in value for key in _keys(item)]
+    return []
 
 
 def test_cli_warm_prints_the_verification_for_a_prefix_file_and_an_agent(
