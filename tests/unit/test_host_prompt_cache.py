@@ -126,3 +126,25 @@ def test_configured_the_host_cache_holds_every_prefix_and_pinned_calls_still_fin
             assert engine.boxes["b1"].use(prefix_ids(a), pinned.get(a)), a
 
     asyncio.run(scenario())
+
+
+def test_a_tail_agent_borrows_room_on_a_host_cache_box_whose_slots_are_all_pinned(store_url: str) -> None:
+    """`prefix_capacity = 4` for six agents: a1..a4 are kept (two pinned, two in host RAM), a5 and a6 have
+    no room. A pre-call ask for a5 borrows the room of the least valuable kept prefix; with every slot
+    pinned, the borrower is warmed without a slot (llama-server restores or computes it in the slot it
+    picks) rather than refused, and its ready answer is true."""
+
+    async def scenario() -> None:
+        w = host_cache_world(store_url, 4)
+        await settle(w.reconciler, rounds=4)
+        assert routed(w) == ["a1", "a2", "a3", "a4"]
+        assert sorted(s for a in AGENTS if (s := w.reconciler.prefix_slot(a, "b1")) is not None) == [0, 1]
+        answer = await w.reconciler.ensure_warm("a5", wait_seconds=5.0)
+        assert (answer.box_id, answer.state, answer.routed) == ("b1", WarmState.WARM, True)
+        assert prefix_ids("a5") in w.engine.boxes["b1"].cache
+        await settle(w.reconciler, rounds=2)
+        assert route_boxes(w.reconciler, "a5") == ["b1"]
+        assert route_boxes(w.reconciler, "a1") == ["b1"]  # the busiest keeps its room
+        assert len(routed(w)) == 4  # the victim left its route: still no more than configured
+
+    asyncio.run(scenario())

@@ -136,8 +136,24 @@ class PrefixLoans:
             room = capacity.get(offer.box_id)
             key = (offer.box_id, epochs[offer.box_id], prefix_of.get(agent_id, ""))
             # the victim's slot, reserved before the warm is spawned; none free means the box holds more
-            # than warmer knows of: lend nothing rather than let the engine pick what to evict
-            if room is not None and room.pinnable_slots and self._book.pin_for(key, room) is None:
+            # than warmer knows of: lend nothing rather than let the engine pick what to evict. Unless the
+            # box is configured to hold more prefixes than slots (a llama.cpp host prompt cache): the
+            # others are kept unpinned there, and the borrower is warmed as they are, in the slot the
+            # engine picks, which pushes that slot's prompt to host RAM, not out.
+            box = next((b for b in candidates if b.id == offer.box_id), None)
+            beyond_slots = (
+                box is not None
+                and room is not None
+                and room.pinnable_slots is not None
+                and box.prefix_capacity is not None
+                and box.prefix_capacity > room.pinnable_slots
+            )
+            if (
+                room is not None
+                and room.pinnable_slots
+                and self._book.pin_for(key, room) is None
+                and not beyond_slots
+            ):
                 self._log.warning("no slot free for a lent warm", agent=agent_id, box=offer.box_id)
                 return None
             loan = Loan(
