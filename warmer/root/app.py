@@ -45,6 +45,7 @@ from warmer.root.dialer import DialerWiring
 from warmer.root.discovery import run_discovery
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.frontdoor import build_gateway, hitrate_config
+from warmer.root.heap import freeze_startup_heap
 from warmer.root.kv_events import cache_event_task, follows_events
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
@@ -349,9 +350,10 @@ class Daemon:
         if self.tracing is not None:
             self.tracing.shutdown()  # exports what is still queued
 
-    async def run(self, *, handle_signals: bool = True) -> int:
+    async def run(self, *, handle_signals: bool = True, freeze_heap: bool = False) -> int:
         """Prepare the database, open the store, build everything, serve until stopped. Returns the process
-        exit code."""
+        exit code. `freeze_heap` (a `warmer serve` process): once built, what is alive is frozen out of
+        the garbage collector's full collections (`warmer.root.heap`)."""
         # A stop asked for while the database is being prepared ends the start-up cleanly; the supervisor
         # takes the signals over once the root tasks run.
         loop = asyncio.get_running_loop()
@@ -388,6 +390,8 @@ class Daemon:
             agents=len(self.agents),
             database="embedded sqlite" if self.settings.database.is_embedded else "server",
         )
+        if freeze_heap:
+            self._log.info("start-up heap frozen", objects=freeze_startup_heap())
         self.metrics.up.set(1)
         try:
             code = await self.supervisor.run(handle_signals=handle_signals)
