@@ -383,6 +383,36 @@ def test_offline_call_tokens_are_the_uncached_part_of_a_turn1_prompt() -> None:
     assert 0.9 < share < 0.95  # 3114 of 3372 in `warmer lint`
 
 
+def test_per_call_tokens_hash_each_spec_once_until_it_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capacity report asks for every agent's per-call tokens once per hit-rate window: a spec that is
+    the same (frozen) object is not hashed again (at 1,000 agents that was tens of milliseconds of the
+    event loop per report); a replaced spec (a reload) is."""
+    import warmer.core.agents as agents_module
+    from warmer.config.agents import load_agent_specs
+    from warmer.config.profiles import load_profiles
+
+    repo = Path(__file__).resolve().parents[2]
+    agents = dict(load_agent_specs(repo / "config" / "agents"))
+    profiles = load_profiles(repo / "models")
+    prefixes = OfflineStablePrefixes(lambda: agents, profiles)
+    hashed: list[str] = []
+    real = agents_module.spec_hash
+
+    def counting(spec: agents_module.AgentSpec) -> str:
+        hashed.append(spec.id)
+        return real(spec)
+
+    monkeypatch.setattr(agents_module, "spec_hash", counting)
+    first = [asyncio.run(prefixes.call_tokens("outbound-sales")) for _ in range(3)]
+    assert hashed == ["outbound-sales"]
+    assert first[0] is not None
+    assert first == [first[0]] * 3
+
+    agents["outbound-sales"] = replace(agents["outbound-sales"], source="reloaded")  # same content
+    assert asyncio.run(prefixes.call_tokens("outbound-sales")) == first[0]
+    assert hashed == ["outbound-sales", "outbound-sales"]
+
+
 # --- the API and the gauges -------------------------------------------------------------------------------
 
 
