@@ -1,4 +1,4 @@
-"""A reconcile pass yields the event loop between its CPU-heavy steps (placement and handover, the plan,
+"""A reconcile pass yields the event loop between its CPU-heavy steps (placement, handover, the plan,
 readiness): a pre-call ask that arrives during a pass is answered between two steps, not after the whole
 pass (at 1,000 agents a pass held the loop for tens of milliseconds at a time)."""
 
@@ -36,9 +36,11 @@ def test_an_ask_gets_a_turn_between_placement_the_plan_and_readiness(
         desired = w.reconciler._desired
         real_build = desired.build
 
-        def build(*args: object, **kwargs: object) -> object:
+        async def build(*args: object, **kwargs: object) -> object:
             order.append("placement")
-            return real_build(*args, **kwargs)  # type: ignore[arg-type]
+            built = await real_build(*args, **kwargs)  # type: ignore[arg-type]
+            order.append("handover done")
+            return built
 
         desired.build = build  # type: ignore[method-assign]
         done = False
@@ -57,8 +59,10 @@ def test_an_ask_gets_a_turn_between_placement_the_plan_and_readiness(
 
     asyncio.run(scenario())
     steps = [entry for entry in order if entry != "ask"]
-    assert steps == ["placement", "plan", "readiness"]
+    assert steps == ["placement", "handover done", "plan", "readiness"]
     at = {step: order.index(step) for step in steps}
-    assert "ask" in order[at["placement"] : at["plan"]]  # placement, a turn, then the plan
+    # placement, a turn, handover, a turn, capacity fit: two asks inside the build
+    assert order[at["placement"] : at["handover done"]].count("ask") >= 2
+    assert "ask" in order[at["handover done"] : at["plan"]]  # then a turn before the plan
     assert "ask" in order[at["plan"] : at["readiness"]]
     assert "ask" in order[at["readiness"] :]

@@ -207,7 +207,7 @@ class Reconciler:
         await self._promotion.refresh(now)
         # desired
         campaigns = await self._store.list_campaigns()
-        desired = self._desired.build(
+        desired = await self._desired.build(
             now,
             campaigns,
             self._catalogue.refs(),
