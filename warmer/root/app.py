@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import httpx
 import uvicorn
@@ -45,7 +45,7 @@ from warmer.root.dialer import DialerWiring
 from warmer.root.discovery import run_discovery
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.frontdoor import build_gateway, hitrate_config
-from warmer.root.heap import freeze_startup_heap
+from warmer.root.heap import freeze_startup_heap, freeze_when_fleet_ready
 from warmer.root.kv_events import cache_event_task, follows_events
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
@@ -103,6 +103,7 @@ class Daemon:
         self._database_lock: SqliteFileLock | None = None  # held from start-up to exit
         self._store: ManagedStore | None = None
         self._server: uvicorn.Server | None = None
+        self._reconciler: Reconciler | None = None  # built with the fleet (`wire`)
         self._api: FastAPI | None = None
         self._log = get_logger(__name__)
         # Prefill ceilings measured by the restart warm-ups' long prefills, per box and epoch.
@@ -207,6 +208,7 @@ class Daemon:
         self.supervisor.add("api", self._serve_api)
         if not self.has_fleet:
             return
+        self._reconciler = reconciler
         for name, task in replicas.tasks(reconciler.run).items():
             self.supervisor.add(name, task)
         self.supervisor.add(
@@ -235,6 +237,14 @@ class Daemon:
                 self.metrics.discovery,
             )
             self.supervisor.add("discovery", discovery)
+
+    @staticmethod
+    def _heap_task(reconciler: Reconciler) -> Callable[[asyncio.Event], Awaitable[None]]:
+        def all_ready() -> bool:
+            ready = reconciler.ready_box_ids()
+            return ready is not None and set(reconciler.fleet()) <= ready
+
+        return functools.partial(freeze_when_fleet_ready, all_ready, reconciler.wait_changed)
 
     def _hitrate_monitor(self, reconciler: Reconciler) -> HitRateMonitor:
         """Per-box hit rate from the engines' counters; a drop marks the box suspect for the reconciler.
@@ -392,6 +402,9 @@ class Daemon:
         )
         if freeze_heap:
             self._log.info("start-up heap frozen", objects=freeze_startup_heap())
+            if self._reconciler is not None:  # and again once the fleet is first ready
+                self.supervisor.add("heap", self._heap_task(self._reconciler))
+                self.metrics.root_task_failures.labels(task="heap")
         self.metrics.up.set(1)
         try:
             code = await self.supervisor.run(handle_signals=handle_signals)

@@ -12,7 +12,9 @@ them would never be collected, and start-up's objects live as long as the proces
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Awaitable, Callable
 
 
 def freeze_startup_heap() -> int:
@@ -20,3 +22,25 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+async def freeze_when_fleet_ready(
+    all_ready: Callable[[], bool], pass_done: Callable[[], Awaitable[None]], stopping: asyncio.Event
+) -> None:
+    """The `heap` root task of a `warmer serve` process: after the first pass that finds every box ready,
+    collect and freeze again, then wait for the stop. By then the daemon has built what it keeps for as
+    long as the fleet is unchanged (each agent's prefix, the placement, a metric series per box and
+    agent: ~60,000 objects at 1,000 agents, whose full collections held the loop 40-110 ms); later full
+    collections walk only what changes. Once: garbage the daemon makes later is collected as usual."""
+    while not stopping.is_set():
+        if all_ready():
+            freeze_startup_heap()
+            break
+        waiter = asyncio.ensure_future(pass_done())
+        stop_waiter = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            stop_waiter.cancel()
+    await stopping.wait()
