@@ -217,7 +217,7 @@ def test_a_daemon_without_a_fleet_answers_an_empty_fleet_and_takes_no_work(tmp_p
     assert (boxes.status_code, boxes.json()) == (200, {"boxes": []})
     assert prewarm.status_code == 503
     assert deploy.status_code == 503
-    assert daemon.supervisor.task_names == ("api",)
+    assert daemon.supervisor.task_names == ("api", "loop-lag")
 
 
 def test_a_serve_process_freezes_the_heap_it_started_with(tmp_path: Path) -> None:

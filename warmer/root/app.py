@@ -59,6 +59,8 @@ from warmer.service.dialer.usage import UsageService, UsageWindowConfig
 from warmer.service.engine_signals.hitrate_monitor import HitRateMonitor
 from warmer.service.engine_work.restart_warmup import RestartWarmup
 from warmer.service.fleet.gateway_sync import GatewaySync
+from warmer.service.loop_lag import DEFAULT_PERIOD_SECONDS as LOOP_LAG_PERIOD_SECONDS
+from warmer.service.loop_lag import sample_loop_lag
 from warmer.service.reconciler import Reconciler
 from warmer.service.views.capacity import CapacityService, PrefillCeilings
 from warmer.service.views.status import StatusService
@@ -206,6 +208,10 @@ class Daemon:
         )
 
         self.supervisor.add("api", self._serve_api)
+        lag = functools.partial(
+            sample_loop_lag, clock, LOOP_LAG_PERIOD_SECONDS, self.metrics.loop_lag.observe
+        )
+        self.supervisor.add("loop-lag", lag)
         if not self.has_fleet:
             return
         self._reconciler = reconciler

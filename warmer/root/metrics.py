@@ -65,6 +65,14 @@ class Metrics:
         )
         for kind in CONTROL_KINDS:  # every kind at 0 from the start: a rate needs the series before its first
             self.engine_control_requests.labels(kind=kind)
+        self.loop_lag = Histogram(
+            "warmer_event_loop_lag_seconds",
+            "How much later than due a 100 ms timer on the daemon's event loop fired: the time the loop was "
+            "held by other work (a pass, a poll round, a garbage collection), which every pre-call ask "
+            "arriving meanwhile waits too.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
         self.reconcile = ReconcileMetrics(self.registry)
         self.discovery = DiscoveryMetrics(self.registry)
         self.gateway = GatewaySyncMetrics(self.registry)
