@@ -8,11 +8,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from warmer.root.metrics import ReconcileMetrics
+from warmer.core.capacity import AgentCapacity, BoxCapacity
+from warmer.root.metrics import CapacityMetrics, ReconcileMetrics
 from warmer.service.reconciler.types import BoxSeen
 
 
-def counting_labels(metrics: ReconcileMetrics, name: str) -> list[dict[str, Any]]:
+def counting_labels(metrics: ReconcileMetrics | CapacityMetrics, name: str) -> list[dict[str, Any]]:
     """Every `.labels(...)` call on the gauge `name` of `metrics`, from now on."""
     gauge = getattr(metrics, name)
     calls: list[dict[str, Any]] = []
@@ -83,3 +84,41 @@ def test_boxes_seen_sets_only_the_series_that_changed() -> None:
     assert registry.get_sample_value("warmer_box_health_failure", {"box": "b1", "kind": "refused"}) is None
     labels = {"box": "b1", "engine": "llamacpp", "model": "m", "group": "", "version": "v1"}
     assert registry.get_sample_value("warmer_box_info", labels) == 1
+
+
+def test_capacity_gauges_set_only_the_series_that_changed() -> None:
+    """The capacity report sets three series per box and per agent once per hit-rate window."""
+    registry = CollectorRegistry()
+    metrics = CapacityMetrics(registry)
+
+    def box(box_id: str, used: float | None) -> BoxCapacity:
+        return BoxCapacity(box_id, 1000.0, None, 600.0, used, None if used is None else 600.0 - used, None)
+
+    def agent(agent_id: str, headroom: float) -> AgentCapacity:
+        return AgentCapacity(
+            agent_id, ("b1",), ("b1",), 1000.0, 600.0, 100.0, headroom, 10, headroom / 10, ()
+        )
+
+    metrics.capacity([box("b1", 100.0), box("b2", None)], [agent("a1", 500.0), agent("a2", 400.0)])
+    calls = {
+        name: counting_labels(metrics, name)  # type: ignore[arg-type]
+        for name in ("box_used", "box_headroom", "agent_headroom", "agent_calls", "box_ceiling")
+    }
+    metrics.capacity([box("b1", 100.0), box("b2", None)], [agent("a1", 500.0), agent("a2", 400.0)])
+    assert all(found == [] for found in calls.values())  # unchanged, NaN (unknown) included
+
+    metrics.capacity([box("b1", 200.0), box("b2", None)], [agent("a1", 500.0), agent("a2", 300.0)])
+    assert calls["box_used"] == [{"args": ("b1",)}]
+    assert calls["agent_headroom"] == [{"args": ("a2",)}]
+    assert calls["box_ceiling"] == []
+    assert registry.get_sample_value("warmer_box_uncached_prompt_tokens_per_second", {"box": "b1"}) == 200
+    assert (
+        registry.get_sample_value("warmer_agent_prefill_headroom_tokens_per_second", {"agent": "a2"}) == 300
+    )
+
+    metrics.capacity([box("b1", 200.0)], [agent("a1", 500.0)])  # b2 and a2 left, then came back
+    metrics.capacity([box("b1", 200.0), box("b2", 50.0)], [agent("a1", 500.0), agent("a2", 300.0)])
+    assert registry.get_sample_value("warmer_box_uncached_prompt_tokens_per_second", {"box": "b2"}) == 50
+    assert (
+        registry.get_sample_value("warmer_agent_prefill_headroom_tokens_per_second", {"agent": "a2"}) == 300
+    )
