@@ -119,3 +119,26 @@ def test_the_engine_client_polls_each_box_on_its_own_pool() -> None:
             assert isinstance(transport._work, httpx.AsyncHTTPTransport)
 
     asyncio.run(scenario())
+
+
+def test_a_box_no_longer_asked_has_its_pool_closed_once_idle() -> None:
+    """A box that left the fleet (discovery replaced its pod) is never asked again: its pool and the
+    connections it keeps are closed once it has been unused for `idle_seconds`; live boxes keep theirs."""
+    made: list[CountingPool] = []
+    now = {"t": 0.0}
+    pools = PoolPerOrigin(lambda: CountingPool(made), idle_seconds=300.0, monotonic=lambda: now["t"])
+
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=pools) as client:
+            await client.get("http://gone:8080/health")
+            for _ in range(70):  # the live box is polled every 5 s; the other box left
+                now["t"] += 5.0
+                await client.get("http://live:8080/health")
+            assert pools.pool_count() == 1
+            assert made[0].closed  # gone:8080's pool
+            assert not made[1].closed  # live:8080's
+            await client.get("http://gone:8080/health")  # back: a new pool
+            assert pools.pool_count() == 2
+
+    asyncio.run(scenario())
+    assert len(made) == 3
