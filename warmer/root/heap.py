@@ -31,7 +31,10 @@ async def freeze_when_fleet_ready(
     collect and freeze again, then wait for the stop. By then the daemon has built what it keeps for as
     long as the fleet is unchanged (each agent's prefix, the placement, a metric series per box and
     agent: ~60,000 objects at 1,000 agents, whose full collections held the loop 40-110 ms); later full
-    collections walk only what changes. Once: garbage the daemon makes later is collected as usual."""
+    collections walk only what changes. Once: garbage the daemon makes later is collected as usual. What
+    is frozen and later becomes garbage is still freed by reference counting; only such garbage caught in
+    a reference cycle stays (an engine-work task alive at that moment, say): bounded by what was alive
+    then, never growing, since nothing is frozen again."""
     while not stopping.is_set():
         if all_ready():
             freeze_startup_heap()
