@@ -66,3 +66,34 @@ def test_an_ask_gets_a_turn_between_placement_the_plan_and_readiness(
     assert "ask" in order[at["handover done"] : at["plan"]]  # then a turn before the plan
     assert "ask" in order[at["plan"] : at["readiness"]]
     assert "ask" in order[at["readiness"] :]
+
+
+def test_a_pre_call_warm_charged_during_the_turn_after_the_plan_keeps_its_charge(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan hands the per-box token buckets over before the pass yields: a pre-call warm started in
+    that turn pays into them, and the pass does not overwrite its charge with the plan's buckets."""
+    real_plan = loop_module.plan
+
+    async def scenario() -> None:
+        w = world(store_url)
+        await settle(w.reconciler)
+        runner = w.reconciler._runner
+        charged: list[float] = []
+
+        def plan(*args: object, **kwargs: object) -> object:
+            result = real_plan(*args, **kwargs)  # type: ignore[arg-type]
+
+            def ask() -> None:  # a pre-call warm in the next turn of the loop
+                runner.charge("b1", 500, w.clock.now())
+                charged.append(runner.buckets["b1"].tokens)
+
+            asyncio.get_running_loop().call_soon(ask)
+            return result
+
+        monkeypatch.setattr(loop_module, "plan", plan)
+        await w.reconciler.tick()
+        assert len(charged) == 1
+        assert runner.buckets["b1"].tokens == charged[0]  # the charge stands
+
+    asyncio.run(scenario())

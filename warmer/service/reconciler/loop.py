@@ -222,9 +222,9 @@ class Reconciler:
             now,
             self._config.planner,
         )
-        await yield_to_asks()
         # act
-        self._runner.buckets = dict(result.buckets)
+        self._runner.buckets = dict(result.buckets)  # before the turn: a pre-call warm then pays into these
+        await yield_to_asks()
         await self._runner.dispatch([a for a in result.actions if self._replicas.acts_on(a.box_id)])
         await self._ready.note(self._health.live, desired, self._observed(for_routes=True))
         await yield_to_asks()
