@@ -13,7 +13,9 @@ simulated fleet (testbed.simfleet) big enough to hold every agent warm, driven b
   rotate the order); every ask has a fresh call id. Figures:
   req/s, p50, p99, non-2xx, the daemon's CPU per ask (its /proc utime+stime over the run);
 - a check that the answers are real: a sample of asks (random agents, fresh call ids) must answer 200,
-  `ready` true, a box among the agent's routes in `GET /v1/routes`, and the slot that route gives.
+  `ready` true, a box among the agent's routes in `GET /v1/routes`, and the slot that route gives;
+- the daemon's loop lag (`warmer_event_loop_lag_seconds`, a 100 ms timer's lateness) over the idle window
+  and each load: how often the loop was held by other work for more than 20, 50, 100 and 250 ms.
 
 Ratios are `many agents` against `one agent` in the same run. The machine is shared: load average is
 printed before and after.
@@ -177,6 +179,37 @@ def wait_all_routed(serve: Serve, agents: Sequence[str], bound: float) -> float:
     raise RuntimeError(f"only {routed}/{len(agents)} agents routed within {bound:.0f}s")
 
 
+LAG_BOUNDS = ("0.02", "0.05", "0.1", "0.25")  # seconds: the histogram buckets reported
+
+
+def loop_lag_counts(serve: Serve) -> dict[str, float]:
+    """The daemon's `warmer_event_loop_lag_seconds` histogram now: le -> timer samples at most that late
+    ("+Inf": all of them)."""
+    response = httpx.get(f"{serve.base_url}/metrics", timeout=30)
+    response.raise_for_status()
+    counts: dict[str, float] = {}
+    for line in response.text.splitlines():
+        if line.startswith('warmer_event_loop_lag_seconds_bucket{le="'):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            counts[bound] = float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+@dataclass
+class LoopLag:
+    """Timers of the daemon's loop-lag sampler (every 100 ms) over one load, and how many fired late by
+    more than each bound: how often the loop was held by other work while the asks waited."""
+
+    timers: int
+    late_over: dict[str, int]  # bound in seconds -> timers later than it
+
+
+def loop_lag_between(before: dict[str, float], after: dict[str, float]) -> LoopLag:
+    timers = int(after.get("+Inf", 0) - before.get("+Inf", 0))
+    late = {b: timers - int(after.get(b, 0) - before.get(b, 0)) for b in LAG_BOUNDS}
+    return LoopLag(timers, late)
+
+
 @dataclass
 class Sample:
     asks: int
@@ -241,6 +274,7 @@ class Result:
     loads: dict[str, list[LoadResult]]
     sample_before: Sample
     sample_after: Sample
+    loop_lag: dict[str, LoopLag]  # "idle" and each load's tag -> the daemon's loop lag over it
 
 
 def report(result: Result) -> None:
@@ -264,6 +298,11 @@ def report(result: Result) -> None:
                 f"{r.non2xx + r.socket_errors} | {r.server_cpu_us_per_request:,.0f} | "
                 f"{r.rps / b.rps:.2f}× | {r.p99_ms / b.p99_ms:.2f}× |"
             )
+    print("\n| window | loop-lag timers | late > 20 ms | > 50 ms | > 100 ms | > 250 ms |")
+    print("|---|---|---|---|---|---|")
+    for window, lag in result.loop_lag.items():
+        late = " | ".join(str(lag.late_over[b]) for b in LAG_BOUNDS)
+        print(f"| {window} | {lag.timers} | {late} |")
     for name, s in (("before load", result.sample_before), ("after load", result.sample_after)):
         print(
             f"\nanswer check {name}: {s.asks} asks, {s.ok} HTTP 200, {s.ready} ready, "
@@ -296,9 +335,10 @@ def run(args: argparse.Namespace) -> Result:
         try:
             routed_after = wait_all_routed(serve, agents, args.ready_bound)
             say(f"every agent routed after {routed_after:.0f}s")
-            cpu0, t0 = serve.cpu_seconds(), time.monotonic()
+            cpu0, t0, lag0 = serve.cpu_seconds(), time.monotonic(), loop_lag_counts(serve)
             time.sleep(args.idle_seconds)
             idle_cpu_percent = 100 * (serve.cpu_seconds() - cpu0) / (time.monotonic() - t0)
+            lags = {"idle": loop_lag_between(lag0, loop_lag_counts(serve))}
             say(f"idle daemon CPU: {idle_cpu_percent:.1f}% of a core")
             sample_before = check_answers(serve, agents, SAMPLE_ASKS, 1, box.slots)
             scripts = {"one agent": 1, "many agents": len(agents)}
@@ -313,7 +353,9 @@ def run(args: argparse.Namespace) -> Result:
             for concurrency in levels:
                 for name in scripts:
                     tag = f"{name.replace(' ', '-')}-c{concurrency}"
+                    lag0 = loop_lag_counts(serve)
                     result = run_wrk(serve, name, paths[name], "/v1/prewarm", concurrency, args.seconds, tag)
+                    lags[tag] = loop_lag_between(lag0, loop_lag_counts(serve))
                     loads[name].append(result)
                     say(f"{name} c={concurrency}: {result.rps:,.0f} req/s, p99 {result.p99_ms:.1f} ms, "
                         f"{result.server_cpu_us_per_request:.0f} µs CPU/req")  # fmt: skip
@@ -327,7 +369,7 @@ def run(args: argparse.Namespace) -> Result:
                 serve.process.wait()
     return Result(
         args.agents, args.sim_boxes, capacity, routed_after, idle_cpu_percent, load_before, uptime(), loads,
-        sample_before, sample_after,
+        sample_before, sample_after, lags,
     )  # fmt: skip
 
 

@@ -383,6 +383,101 @@ def test_offline_call_tokens_are_the_uncached_part_of_a_turn1_prompt() -> None:
     assert 0.9 < share < 0.95  # 3114 of 3372 in `warmer lint`
 
 
+def test_a_report_leaves_the_pre_call_asks_turns_of_the_loop_between_its_steps(store_url: str) -> None:
+    """The capacity root task builds a report for every box and agent once per hit-rate window: the
+    routes of every agent, then every agent's figures, with a turn of the event loop between the steps."""
+    import warmer.service.views.capacity as capacity_module
+    from warmer.service.reconciler.types import Snapshot
+
+    engine, clock = CountingEngine(["b1", "b2"]), FakeClock()
+    reconciler, store = _reconciler(store_url, engine, clock, PrefillCeilings(), PROFILE)
+    asyncio.run(settle(reconciler))
+    order: list[str] = []
+    real = capacity_module.agent_capacity
+
+    def agent_capacity(*args: object, **kwargs: object) -> object:
+        order.append("agents")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    snapshot = reconciler.snapshot
+
+    def snapshotted() -> object:
+        order.append("snapshot")
+        return snapshot()
+
+    service = CapacityService(
+        snapshot=snapshotted,  # type: ignore[arg-type]
+        usage=None,
+        ceilings=PrefillCeilings(),
+        profiles={"m": PROFILE},
+        store=store,
+        clock=clock,
+    )
+
+    async def scenario() -> None:
+        done = False
+
+        async def asks() -> None:
+            while not done:
+                order.append("ask")
+                await asyncio.sleep(0)
+
+        beside = asyncio.ensure_future(asks())
+        await asyncio.sleep(0)
+        order.clear()
+        original = capacity_module.agent_capacity
+        capacity_module.agent_capacity = agent_capacity  # type: ignore[assignment]
+        routes = Snapshot.routes
+
+        def routes_noted(self: Snapshot) -> object:
+            order.append("routes")
+            return routes(self)
+
+        Snapshot.routes = routes_noted  # type: ignore[method-assign,assignment]
+        try:
+            await service.report()
+        finally:
+            capacity_module.agent_capacity = original
+            Snapshot.routes = routes  # type: ignore[method-assign]
+            done = True
+            await beside
+
+    asyncio.run(scenario())
+    between = order[order.index("snapshot") : order.index("agents")]
+    assert between.count("ask") >= 3  # after the boxes, after the routes, before the agents' figures
+    assert order[order.index("routes") : order.index("agents")].count("ask") >= 2  # no await there
+
+
+def test_per_call_tokens_hash_each_spec_once_until_it_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capacity report asks for every agent's per-call tokens once per hit-rate window: a spec that is
+    the same (frozen) object is not hashed again (at 1,000 agents that was tens of milliseconds of the
+    event loop per report); a replaced spec (a reload) is."""
+    import warmer.core.agents as agents_module
+    from warmer.config.agents import load_agent_specs
+    from warmer.config.profiles import load_profiles
+
+    repo = Path(__file__).resolve().parents[2]
+    agents = dict(load_agent_specs(repo / "config" / "agents"))
+    profiles = load_profiles(repo / "models")
+    prefixes = OfflineStablePrefixes(lambda: agents, profiles)
+    hashed: list[str] = []
+    real = agents_module.spec_hash
+
+    def counting(spec: agents_module.AgentSpec) -> str:
+        hashed.append(spec.id)
+        return real(spec)
+
+    monkeypatch.setattr(agents_module, "spec_hash", counting)
+    first = [asyncio.run(prefixes.call_tokens("outbound-sales")) for _ in range(3)]
+    assert hashed == ["outbound-sales"]
+    assert first[0] is not None
+    assert first == [first[0]] * 3
+
+    agents["outbound-sales"] = replace(agents["outbound-sales"], source="reloaded")  # same content
+    assert asyncio.run(prefixes.call_tokens("outbound-sales")) == first[0]
+    assert hashed == ["outbound-sales", "outbound-sales"]
+
+
 # --- the API and the gauges -------------------------------------------------------------------------------
 
 

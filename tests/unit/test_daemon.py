@@ -217,4 +217,29 @@ def test_a_daemon_without_a_fleet_answers_an_empty_fleet_and_takes_no_work(tmp_p
     assert (boxes.status_code, boxes.json()) == (200, {"boxes": []})
     assert prewarm.status_code == 503
     assert deploy.status_code == 503
-    assert daemon.supervisor.task_names == ("api",)
+    assert daemon.supervisor.task_names == ("api", "loop-lag")
+
+
+def test_a_serve_process_freezes_the_heap_it_started_with(tmp_path: Path) -> None:
+    """`warmer serve` runs the daemon with `freeze_heap`: once built (the app, the reconciler, the
+    services), what is alive leaves the garbage collector's full collections (`warmer.root.heap`)."""
+    import gc
+
+    port = free_port()
+    store = FakeStore()
+    daemon = build_with(settings_for(tmp_path, port), store, [])
+    gc.unfreeze()
+
+    async def scenario() -> int:
+        running = asyncio.create_task(daemon.run(handle_signals=False, freeze_heap=True))
+        await wait_until_started(daemon, running)
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        assert not any(obj is daemon.api for obj in gc.get_objects())  # built before the freeze
+        daemon.supervisor.request_stop("test over")
+        return await running
+
+    try:
+        assert asyncio.run(scenario()) == 0
+    finally:
+        gc.unfreeze()

@@ -166,7 +166,7 @@ def test_metrics_expose_every_required_family(tmp_path: Path) -> None:
         assert value("warmer_warm_prompt_tokens_total", box=BOX.id) == 1200
         # Failure counters an alert reads by increase exist at 0 before the first failure: a root task
         # that fails once and stops the daemon is then an increase, not a series born at 1.
-        assert daemon.supervisor.task_names == ("api",)
+        assert daemon.supervisor.task_names == ("api", "loop-lag")
         assert value("warmer_root_task_failures_total", task="api") == 0
         assert value("warmer_gateway_sync_passes_total", outcome="gateway_unavailable") == 0
         assert value("warmer_cache_scrapes_total", outcome="failed") == 0

@@ -53,3 +53,14 @@ def test_prefix_capacity_holds_two_boxes_per_agent_with_room() -> None:
     assert prefix_capacity(2000, 500) == 14  # 8 prefixes each on average at the placement's cap
     assert prefix_capacity(2000, 500) > 2 * 2000 / 500
     assert AGENTS_PER_BOX == 8
+
+
+def test_loop_lag_over_a_load_is_the_histogram_difference() -> None:
+    """Timers later than a bound are the timers of the window minus those in the bound's bucket."""
+    from bench.precall_scale import LAG_BOUNDS, loop_lag_between
+
+    before = {"0.02": 90.0, "0.05": 95.0, "0.1": 98.0, "0.25": 100.0, "+Inf": 100.0}
+    after = {"0.02": 180.0, "0.05": 192.0, "0.1": 197.0, "0.25": 199.0, "+Inf": 200.0}
+    lag = loop_lag_between(before, after)
+    assert lag.timers == 100
+    assert [lag.late_over[b] for b in LAG_BOUNDS] == [10, 3, 1, 1]

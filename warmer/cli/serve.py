@@ -27,4 +27,4 @@ def serve(state: CliState) -> None:
         settings.logging.level, settings.logging.format, library_level=settings.logging.libraries
     )
     daemon = build(settings, profiles=loaded.profiles, agents=loaded.agents)
-    raise SystemExit(run_daemon_loop(daemon.run(), settings.api.event_loop))
+    raise SystemExit(run_daemon_loop(daemon.run(freeze_heap=True), settings.api.event_loop))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 import httpx
 import uvicorn
@@ -45,6 +45,7 @@ from warmer.root.dialer import DialerWiring
 from warmer.root.discovery import run_discovery
 from warmer.root.engines import SystemClock, build_engine_dispatcher, engine_http_client
 from warmer.root.frontdoor import build_gateway, hitrate_config
+from warmer.root.heap import freeze_startup_heap, freeze_when_fleet_ready
 from warmer.root.kv_events import cache_event_task, follows_events
 from warmer.root.logging import get_logger
 from warmer.root.metrics import Metrics
@@ -58,6 +59,8 @@ from warmer.service.dialer.usage import UsageService, UsageWindowConfig
 from warmer.service.engine_signals.hitrate_monitor import HitRateMonitor
 from warmer.service.engine_work.restart_warmup import RestartWarmup
 from warmer.service.fleet.gateway_sync import GatewaySync
+from warmer.service.loop_lag import DEFAULT_PERIOD_SECONDS as LOOP_LAG_PERIOD_SECONDS
+from warmer.service.loop_lag import sample_loop_lag
 from warmer.service.reconciler import Reconciler
 from warmer.service.views.capacity import CapacityService, PrefillCeilings
 from warmer.service.views.status import StatusService
@@ -102,6 +105,7 @@ class Daemon:
         self._database_lock: SqliteFileLock | None = None  # held from start-up to exit
         self._store: ManagedStore | None = None
         self._server: uvicorn.Server | None = None
+        self._reconciler: Reconciler | None = None  # built with the fleet (`wire`)
         self._api: FastAPI | None = None
         self._log = get_logger(__name__)
         # Prefill ceilings measured by the restart warm-ups' long prefills, per box and epoch.
@@ -204,8 +208,13 @@ class Daemon:
         )
 
         self.supervisor.add("api", self._serve_api)
+        lag = functools.partial(
+            sample_loop_lag, clock, LOOP_LAG_PERIOD_SECONDS, self.metrics.loop_lag.observe
+        )
+        self.supervisor.add("loop-lag", lag)
         if not self.has_fleet:
             return
+        self._reconciler = reconciler
         for name, task in replicas.tasks(reconciler.run).items():
             self.supervisor.add(name, task)
         self.supervisor.add(
@@ -234,6 +243,14 @@ class Daemon:
                 self.metrics.discovery,
             )
             self.supervisor.add("discovery", discovery)
+
+    @staticmethod
+    def _heap_task(reconciler: Reconciler) -> Callable[[asyncio.Event], Awaitable[None]]:
+        def all_ready() -> bool:
+            ready = reconciler.ready_box_ids()
+            return ready is not None and set(reconciler.fleet()) <= ready
+
+        return functools.partial(freeze_when_fleet_ready, all_ready, reconciler.wait_changed)
 
     def _hitrate_monitor(self, reconciler: Reconciler) -> HitRateMonitor:
         """Per-box hit rate from the engines' counters; a drop marks the box suspect for the reconciler.
@@ -349,9 +366,10 @@ class Daemon:
         if self.tracing is not None:
             self.tracing.shutdown()  # exports what is still queued
 
-    async def run(self, *, handle_signals: bool = True) -> int:
+    async def run(self, *, handle_signals: bool = True, freeze_heap: bool = False) -> int:
         """Prepare the database, open the store, build everything, serve until stopped. Returns the process
-        exit code."""
+        exit code. `freeze_heap` (a `warmer serve` process): once built, what is alive is frozen out of
+        the garbage collector's full collections (`warmer.root.heap`)."""
         # A stop asked for while the database is being prepared ends the start-up cleanly; the supervisor
         # takes the signals over once the root tasks run.
         loop = asyncio.get_running_loop()
@@ -388,6 +406,11 @@ class Daemon:
             agents=len(self.agents),
             database="embedded sqlite" if self.settings.database.is_embedded else "server",
         )
+        if freeze_heap:
+            self._log.info("start-up heap frozen", objects=freeze_startup_heap())
+            if self._reconciler is not None:  # and again once the fleet is first ready
+                self.supervisor.add("heap", self._heap_task(self._reconciler))
+                self.metrics.root_task_failures.labels(task="heap")
         self.metrics.up.set(1)
         try:
             code = await self.supervisor.run(handle_signals=handle_signals)

@@ -7,6 +7,7 @@ one-off CLI commands talk to engines the same way, and only to registered boxes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -15,7 +16,7 @@ import httpx
 
 from warmer.adapters.engines.dispatch import EngineDispatcher
 from warmer.adapters.engines.hosted import AnthropicEngine, OpenAIHostedEngine
-from warmer.adapters.engines.http import ControlPool
+from warmer.adapters.engines.http import ControlPool, PoolPerOrigin
 from warmer.adapters.engines.llamacpp import LlamaCppEngine
 from warmer.adapters.engines.openai import OpenAICompatibleEngine
 from warmer.adapters.engines.sglang import SglangEngine
@@ -24,7 +25,7 @@ from warmer.config.settings import Settings
 from warmer.core.errors import ConfigError
 from warmer.core.model import BoxSpec, EngineKind, ModelProfile
 from warmer.ports import EnginePort
-from warmer.root.http import http_client, pooled_transport
+from warmer.root.http import BOX_CONTROL_LIMITS, http_client, pooled_transport
 
 
 class SystemClock:
@@ -47,7 +48,10 @@ def engine_http_client(
     their own (`ControlPool`), so no poll waits behind the fleet's warm-ups; `transport` replaces both in
     tests. Per-call timeouts are set by the adapters; this is the fallback bound."""
     timeouts = settings.engine_timeouts()
-    pools = transport or ControlPool(control=pooled_transport(), work=pooled_transport())
+    pools = transport or ControlPool(
+        control=PoolPerOrigin(functools.partial(pooled_transport, limits=BOX_CONTROL_LIMITS)),
+        work=pooled_transport(),
+    )
     return http_client(timeout=httpx.Timeout(timeouts.request, connect=timeouts.connect), transport=pools)
 
 

@@ -18,6 +18,9 @@ import warmer
 
 USER_AGENT = f"warmer/{warmer.__version__}"
 LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=30.0)
+# One box's control reads (health and epoch together, capacity, metrics): a pool per box, kept open between
+# polls (`warmer.adapters.engines.http.PoolPerOrigin`).
+BOX_CONTROL_LIMITS = httpx.Limits(max_connections=8, max_keepalive_connections=4, keepalive_expiry=30.0)
 DEFAULT_TIMEOUT = httpx.Timeout(10.0)
 
 
@@ -47,10 +50,10 @@ def http_client(
     )
 
 
-def pooled_transport(*, verify: str | bool = True) -> httpx.AsyncHTTPTransport:
+def pooled_transport(*, verify: str | bool = True, limits: httpx.Limits = LIMITS) -> httpx.AsyncHTTPTransport:
     """A connection pool with the shared settings, for a client that splits its traffic over several
-    (`warmer.adapters.engines.http.ControlPool`)."""
-    return httpx.AsyncHTTPTransport(verify=verify, limits=LIMITS, trust_env=False)
+    (`warmer.adapters.engines.http.ControlPool`); `limits` for a pool of one box's (`BOX_CONTROL_LIMITS`)."""
+    return httpx.AsyncHTTPTransport(verify=verify, limits=limits, trust_env=False)
 
 
 def sync_http_client(

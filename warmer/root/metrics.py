@@ -65,6 +65,14 @@ class Metrics:
         )
         for kind in CONTROL_KINDS:  # every kind at 0 from the start: a rate needs the series before its first
             self.engine_control_requests.labels(kind=kind)
+        self.loop_lag = Histogram(
+            "warmer_event_loop_lag_seconds",
+            "How much later than due a 100 ms timer on the daemon's event loop fired: the time the loop was "
+            "held by other work (a pass, a poll round, a garbage collection), which every pre-call ask "
+            "arriving meanwhile waits too.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=self.registry,
+        )
         self.reconcile = ReconcileMetrics(self.registry)
         self.discovery = DiscoveryMetrics(self.registry)
         self.gateway = GatewaySyncMetrics(self.registry)
@@ -154,6 +162,8 @@ class ReconcileMetrics:
         )
         self._ready_labels: set[str] = set()
         self._warm_labels: set[tuple[str, str]] = set()
+        self._ready_values: dict[str, int] = {}  # what each series was last set to
+        self._warm_values: dict[tuple[str, str], int] = {}
         self.box_healthy = Gauge(
             "warmer_box_healthy",
             "1 while the box answers its health poll (and its process identity is read), else 0.",
@@ -175,6 +185,7 @@ class ReconcileMetrics:
             registry=registry,
         )
         self._healthy_labels: set[str] = set()
+        self._healthy_values: dict[str, int] = {}
         self._failure_labels: set[tuple[str, str]] = set()
         self._info_labels: set[tuple[str, str, str, str, str]] = set()
         self.prefixes_warm = Gauge(
@@ -241,13 +252,18 @@ class ReconcileMetrics:
             self.box_info.remove(*info)
         for box_id in self._healthy_labels - {b.box_id for b in boxes}:
             self.box_healthy.remove(box_id)
-        for box in boxes:
-            self.box_healthy.labels(box=box.box_id).set(1 if box.healthy else 0)
-            self.box_info.labels(box.box_id, box.engine, box.model, box.group, box.version).set(1)
-        for box_id, failure in current_health:
+        # Only what changed is set: a pass reports every box, and a labelled set is microseconds each.
+        healthy = {b.box_id: 1 if b.healthy else 0 for b in boxes}
+        for box_id, value in healthy.items():
+            if self._healthy_values.get(box_id) != value:
+                self.box_healthy.labels(box=box_id).set(value)
+        for info in current_info - self._info_labels:
+            self.box_info.labels(*info).set(1)
+        for box_id, failure in current_health - self._failure_labels:
             self.box_health_failure.labels(box=box_id, kind=failure).set(1)
         self._failure_labels, self._info_labels = current_health, current_info
-        self._healthy_labels = {b.box_id for b in boxes}
+        self._healthy_labels = set(healthy)
+        self._healthy_values = healthy
 
     def pass_finished(self, kind: str, seconds: float) -> None:
         self.pass_seconds.labels(kind=kind).observe(seconds)
@@ -261,12 +277,18 @@ class ReconcileMetrics:
             self.box_ready_state.remove(box_id)
         for box_id, agent_id in self._warm_labels - set(agent_warm):
             self.box_agent_warm.remove(box_id, agent_id)
-        for box_id, is_ready in ready.items():
-            self.box_ready_state.labels(box=box_id).set(1 if is_ready else 0)
-        for (box_id, agent_id), is_warm in agent_warm.items():
-            self.box_agent_warm.labels(box=box_id, agent=agent_id).set(1 if is_warm else 0)
-        self._ready_labels = set(ready)
-        self._warm_labels = set(agent_warm)
+        # Only what changed is set: one series per (box, agent) is thousands of labelled sets a pass.
+        ready_values = {box_id: 1 if is_ready else 0 for box_id, is_ready in ready.items()}
+        for box_id, value in ready_values.items():
+            if self._ready_values.get(box_id) != value:
+                self.box_ready_state.labels(box=box_id).set(value)
+        warm_values = {key: 1 if is_warm else 0 for key, is_warm in agent_warm.items()}
+        for (box_id, agent_id), value in warm_values.items():
+            if self._warm_values.get((box_id, agent_id)) != value:
+                self.box_agent_warm.labels(box=box_id, agent=agent_id).set(value)
+        self._ready_labels = set(ready_values)
+        self._warm_labels = set(warm_values)
+        self._ready_values, self._warm_values = ready_values, warm_values
 
     def gate_released(self, released: Mapping[str, str]) -> None:
         labels = set(released.items())
@@ -461,6 +483,7 @@ class CapacityMetrics:
         )
         self._boxes: set[str] = set()
         self._agents: set[str] = set()
+        self._values: dict[tuple[Gauge, str], float] = {}  # what each series was last set to
 
     def capacity(self, boxes: Sequence[BoxCapacity], agents: Sequence[AgentCapacity]) -> None:
         for gone in self._boxes - {b.box_id for b in boxes}:
@@ -471,14 +494,22 @@ class CapacityMetrics:
                 gauge.remove(gone)
         self._boxes = {b.box_id for b in boxes}
         self._agents = {a.agent_id for a in agents}
+        # Only what changed is set: a report covers every box and agent (3 series each, thousands of
+        # labelled sets at 1,000 agents) once per hit-rate window, on the loop the pre-call asks share.
+        values: dict[tuple[Gauge, str], float] = {}
         for box in boxes:
-            self.box_ceiling.labels(box=box.box_id).set(_value(box.ceiling_tokens_per_second))
-            self.box_used.labels(box=box.box_id).set(_value(box.used_tokens_per_second))
-            self.box_headroom.labels(box=box.box_id).set(_value(box.headroom_tokens_per_second))
+            values[(self.box_ceiling, box.box_id)] = _value(box.ceiling_tokens_per_second)
+            values[(self.box_used, box.box_id)] = _value(box.used_tokens_per_second)
+            values[(self.box_headroom, box.box_id)] = _value(box.headroom_tokens_per_second)
         for agent in agents:
-            self.agent_budget.labels(agent=agent.agent_id).set(_value(agent.budget_tokens_per_second))
-            self.agent_headroom.labels(agent=agent.agent_id).set(_value(agent.headroom_tokens_per_second))
-            self.agent_calls.labels(agent=agent.agent_id).set(_value(agent.calls_per_minute))
+            values[(self.agent_budget, agent.agent_id)] = _value(agent.budget_tokens_per_second)
+            values[(self.agent_headroom, agent.agent_id)] = _value(agent.headroom_tokens_per_second)
+            values[(self.agent_calls, agent.agent_id)] = _value(agent.calls_per_minute)
+        for (gauge, label), value in values.items():
+            last = self._values.get((gauge, label))
+            if last is None or (last != value and not (math.isnan(last) and math.isnan(value))):
+                gauge.labels(label).set(value)
+        self._values = values
 
 
 class UsageMetrics(Collector):

@@ -79,6 +79,66 @@ class ControlPool(httpx.AsyncBaseTransport):
             await self._work.aclose()
 
 
+class PoolPerOrigin(httpx.AsyncBaseTransport):
+    """A small connection pool per origin (scheme, host, port: one box), made by `make_pool` on its first
+    request and kept. httpcore's pool scans every connection it holds on each request and each response
+    it closes (an expiry check with a socket poll per idle connection, and a count of the idle ones per
+    idle one): on one pool for the whole fleet that is O(boxes) to O(boxes²) per request, and a pool
+    bounded below the fleet's size closes and reopens most boxes' connections every poll round. Per box,
+    a request scans the few connections of its own box, and they stay open between polls."""
+
+    def __init__(
+        self,
+        make_pool: Callable[[], httpx.AsyncBaseTransport],
+        *,
+        idle_seconds: float = 300.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._make_pool = make_pool
+        self._pools: dict[tuple[bytes, bytes, int | None], httpx.AsyncBaseTransport] = {}
+        # A box that left the fleet (discovery replaced its pod) is asked nothing more: its pool and the
+        # connections it keeps are closed once unused for `idle_seconds` (a live box is polled every few).
+        self._idle_seconds = idle_seconds
+        self._monotonic = monotonic
+        self._used: dict[tuple[bytes, bytes, int | None], float] = {}
+        self._swept = monotonic()
+
+    def pool_count(self) -> int:
+        return len(self._pools)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        origin = (url.raw_scheme, url.raw_host, url.port)
+        now = self._monotonic()
+        if now - self._swept >= self._idle_seconds:
+            await self._close_idle(now)
+        pool = self._pools.get(origin)
+        if pool is None:
+            pool = self._pools[origin] = self._make_pool()
+        self._used[origin] = now
+        return await pool.handle_async_request(request)
+
+    async def _close_idle(self, now: float) -> None:
+        self._swept = now
+        idle = [origin for origin, used in self._used.items() if now - used >= self._idle_seconds]
+        for origin in idle:
+            del self._used[origin]
+            pool = self._pools.pop(origin)
+            await pool.aclose()
+
+    async def aclose(self) -> None:
+        pools, self._pools = list(self._pools.values()), {}
+        self._used.clear()
+        failed: BaseException | None = None
+        for pool in pools:  # every pool is closed, even past one that fails to
+            try:
+                await pool.aclose()
+            except Exception as exc:  # re-raised below, once the rest are closed
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+
 _BODY_EXCERPT_CHARS = 200
 
 

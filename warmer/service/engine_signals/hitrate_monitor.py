@@ -44,6 +44,7 @@ from warmer.core.hitrate import (
 )
 from warmer.core.model import BoxSpec, CacheStats
 from warmer.ports import Clock, EnginePort
+from warmer.service.paced import gather_paced
 from warmer.service.periodic import every_period
 
 EVENT_BELOW = "box hit rate below threshold"
@@ -180,7 +181,7 @@ class HitRateMonitor:
         for gone in self._state.keys() - {box.id for box in boxes}:
             if self._state.pop(gone).alerting:
                 self._observer.alert(gone, False)
-        results = await asyncio.gather(*(one(box) for box in boxes))
+        results = await gather_paced(one, boxes)
         return {result.box_id: result for result in results}
 
     async def _scrape_box(self, box: BoxSpec) -> BoxHitRate:

@@ -10,6 +10,7 @@ event, the metric) when the admission gate (`warmer.core.gate`) lets in a box th
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 
 import structlog
@@ -106,6 +107,7 @@ class ReadyReports:
         became ready and what that took; then report the fleet's state."""
         now = self._clock.now()
         answers = boxes_ready(live, desired, observed, now, self._config)
+        await asyncio.sleep(0)  # a turn of the loop for the asks between readiness and its reports
         ready_by_box = {box_id: answer.ready for box_id, answer in answers.items()}
         for box_id, box in live.items():
             if ready_by_box[box_id] and box.ready_report is None and box.epoch is not None:

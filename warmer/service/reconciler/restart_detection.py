@@ -50,6 +50,7 @@ from warmer.core.model import BoxCapacity, BoxSpec, LoggedEvent, PhaseName, Phas
 from warmer.core.observations import StoredObservation
 from warmer.core.planner import WarmupStatus
 from warmer.ports import Clock, EnginePort, StorePort
+from warmer.service.paced import gather_paced
 from warmer.service.reconciler.epoch_writes import EpochSeen, EventLater, NewEpoch, write_batch
 from warmer.service.reconciler.health_sharing import HealthSharing, HolderPolls
 from warmer.service.reconciler.records import WarmBook
@@ -146,7 +147,7 @@ class BoxHealth:
             async with limit:
                 return await self.poll(box)
 
-        results = await asyncio.gather(*(poll(box) for box in due))
+        results = await gather_paced(poll, due)
         changed = False
         for box, health in zip(due, results, strict=True):
             changed = await self._apply_seen(box, health, now) or changed
@@ -319,7 +320,7 @@ class BoxHealth:
             async with limit:
                 await self._read_capacity(box, fresh=True)
 
-        await asyncio.gather(*(read(box) for box in settling.values()))
+        await gather_paced(read, settling.values())
         held = {
             box_id: live
             for box_id in settling
@@ -452,7 +453,7 @@ class BoxHealth:
             async with limit:
                 return await self._fetch_capacity(box)
 
-        readings = await asyncio.gather(*(read(box) for box in due))
+        readings = await gather_paced(read, due)
         changed = False
         for box, capacity in zip(due, readings, strict=True):
             if capacity is not None and box.id in self.live:

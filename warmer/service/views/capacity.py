@@ -12,6 +12,7 @@ The arithmetic is `warmer.core.capacity`.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -138,9 +139,11 @@ class CapacityService:
                 rate = None
             ceiling = ceilings.get(box_id)
             boxes.append(box_capacity(box_id, ceiling, rate, safe_fraction=self._config.safe_fraction))
+        await asyncio.sleep(0)  # a turn of the event loop for the pre-call asks between the steps
         routed = {agent: tuple(r.box_id for r in found) for agent, found in snapshot.routes().items()}
         for agent_id in snapshot.prefixes:
             routed.setdefault(agent_id, ())
+        await asyncio.sleep(0)
         per_call: dict[str, int] = {}
         if self._per_call_tokens is not None:
             for agent_id in routed:
@@ -148,6 +151,7 @@ class CapacityService:
                 if tokens is not None:
                     per_call[agent_id] = tokens
         by_id = {b.box_id: b for b in boxes}
+        await asyncio.sleep(0)
         agents = agent_capacity(routed, by_id, uncached_tokens_per_call=per_call)
         if self._observer is not None:
             self._observer.capacity(boxes, agents)
