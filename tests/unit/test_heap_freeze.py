@@ -27,7 +27,9 @@ def test_what_is_alive_is_frozen_and_what_is_made_later_is_not(unfrozen: None) -
     kept = Node()
     assert gc.get_freeze_count() == 0
     frozen = freeze_startup_heap()
-    assert frozen == gc.get_freeze_count() > 0
+    # (not equal to a later count: frozen objects are still freed, by other threads of the session too)
+    assert frozen > 0
+    assert gc.get_freeze_count() > 0
     assert not any(obj is kept for obj in gc.get_objects())  # out of every generation's walk
 
     later = Node()
