@@ -100,6 +100,21 @@ def test_a_warm_takes_a_free_slot_nothing_else_is_about_to_use_first() -> None:
     assert both.pin_for(key, three, now=200.0, hold=60.0, avoid={1}) == 2
     assert both.pin_for(key, three, now=200.0, hold=60.0) == 2  # (kept: it holds its pin now)
     assert book(call_at=150.0).pin_for(key, three) == 1  # no time given: the first free slot, as before
+
+    # a side request on its way to slot 2 (lent 1 s ago) is certain to land there: a slot still sent
+    # another prefix's turns goes first (a just-in-time loan's warm took slot 2 and was overwritten, and
+    # its ready answer was false, in the realmix bench); once it has landed the two rank alike again
+    def lent_first(side_at: float) -> WarmBook:
+        """Slot 2 held; slot 0 lent to a side request, slot 1 sent another prefix's call lately."""
+        made = WarmBook(store=None)  # type: ignore[arg-type]
+        made.keep_pin(("b1", "e1", "kept"), 2)
+        made.note_side_use("b1", "e1", 0, side_at)
+        made.note_call(("b1", "e1", "other"), 1, now=150.0, hold=60.0)
+        return made
+
+    assert lent_first(199.0).pin_for(key, three, now=200.0, hold=60.0) == 1
+    assert lent_first(190.0).pin_for(key, three, now=200.0, hold=60.0) == 0  # landed: they rank alike
+    assert lent_first(199.0).pin_for(key, three, now=200.0, hold=60.0, avoid={1}) == 0
     full = book()
     full.keep_pin(("b1", "e1", "x"), 1)
     full.keep_pin(("b1", "e1", "y"), 2)

@@ -151,7 +151,7 @@ class PrefixLoans:
             if (
                 room is not None
                 and room.pinnable_slots
-                and self._book.pin_for(key, room) is None
+                and self._book.pin_for(key, room, now=now) is None  # not a slot a side request is bound for
                 and not beyond_slots
             ):
                 self._log.warning("no slot free for a lent warm", agent=agent_id, box=offer.box_id)

@@ -20,6 +20,9 @@ from warmer.ports import StorePort
 # A prefix verified this recently is believed where it is even in a contested slot (`WarmBook.at_risk`):
 # the call answered now sends its first turn within this, before another call's next turn can land.
 VERIFIED_FRESH_SECONDS = 1.0
+# A side request reaches the slot lent to it within this long of the lend (the probe that follows it into
+# the slot waits as long): a warm put there meanwhile is overwritten before it is verified or used.
+SIDE_REQUEST_START_SECONDS = 2.0
 
 
 class WarmBook:
@@ -147,8 +150,9 @@ class WarmBook:
         """The slot for a warm of `key`: the one it holds, else a slot no other kept prefix of the box holds
         (reserved now, so two warms in flight never pick the same), else none (the engine chooses). Of the
         free slots, one whose content nothing else is about to replace first: `avoid` (a slot just seen
-        overwritten) last, and before it, given `now`, a slot sent another prefix's call or lent to a side
-        request within `hold` (`used_lately`)."""
+        overwritten) last; before it, given `now`, a slot lent to a side request still on its way there
+        (`SIDE_REQUEST_START_SECONDS`: it is certain to land); and before that a slot sent another prefix's
+        call or lent to a side request within `hold` (`used_lately`)."""
         if key in self.pins:
             return self.pins[key]
         if capacity is None or not capacity.pinnable_slots:
@@ -161,12 +165,18 @@ class WarmBook:
             free,
             key=lambda slot: (
                 slot in avoid,
+                now is not None and self.side_on_its_way(key, slot, now),
                 now is not None and self.used_lately(key, slot, now, hold),
                 slot,
             ),
         )
         self.pins[key] = chosen
         return chosen
+
+    def side_on_its_way(self, key: WarmKey, slot: int, now: float) -> bool:
+        """The slot was lent to a side request so lately that the request may not have reached it yet."""
+        lent = self.side_uses.get((key[0], key[1], slot))
+        return lent is not None and lent > now - SIDE_REQUEST_START_SECONDS
 
     def used_lately(self, key: WarmKey, slot: int, now: float, hold: float) -> bool:
         """Within `hold`, a pre-call answer sent a call of another prefix than `key`'s to the slot (its turns

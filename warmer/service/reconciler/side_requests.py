@@ -28,12 +28,9 @@ from warmer.ports import Clock
 from warmer.service.reconciler.actions import ActionRunner
 from warmer.service.reconciler.desired import DesiredState
 from warmer.service.reconciler.precall import FIRST_TURN_SECONDS
-from warmer.service.reconciler.records import WarmBook
+from warmer.service.reconciler.records import SIDE_REQUEST_START_SECONDS, WarmBook
 from warmer.service.reconciler.restart_detection import BoxHealth
 
-# From the answer to the side request reaching the engine: the probe that checks the slot's prefix goes
-# after it, so it does not see the prefix before the side request overwrites it.
-SIDE_REQUEST_START_SECONDS = 2.0
 # How often a side-slot ask that waits looks again (protection is by time, in-flight work ends by itself).
 SIDE_RETRY_SECONDS = 0.05
 
