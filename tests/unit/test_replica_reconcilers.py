@@ -27,6 +27,7 @@ from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.adapters.store.coordination import SqlCoordination
 from warmer.core.leases import LeaseConfig
 from warmer.core.shared_state import StateChange
+from warmer.core.warmstate import RetryBackoff
 from warmer.core.webhook import BoxUrlPolicy, sign_body
 from warmer.service.fleet.deploy import (
     DeployOutcome,
@@ -185,6 +186,40 @@ def test_a_box_handed_over_right_after_its_warm_up_is_not_warmed_up_again_by_its
     asyncio.run(scenario())
     assert restart_warmups(engine) == dict.fromkeys(BOX_IDS, 1)
     assert two.reconciler.ready_box_ids() == one.reconciler.ready_box_ids() == set(BOX_IDS)
+
+
+def test_a_replica_whose_lease_lapsed_mid_warm_finishes_the_box_when_it_gets_it_back(url: str) -> None:
+    """A heartbeat late past the local deadline: the replica reports its leases lost and cancels its warms,
+    whose rows stay `warming`; its next heartbeat renews them (nobody took them: the holding is continuous).
+    No task of this replica will finish those rows, so they are abandoned and warmed again at once, not
+    after `warming_timeout_seconds` (the three-replica PostgreSQL test timed out waiting for such a box)."""
+    engine, clock = FakeEngine(BOX_IDS), FakeClock()
+    one = replica(url, "one", engine, clock)
+
+    async def scenario() -> None:
+        await one.beat()
+        engine.gate = asyncio.Event()  # the prefix warms wait at the engine
+        for _ in range(20):
+            await one.reconciler.tick()
+            await asyncio.sleep(0.01)
+            if one.reconciler._runner.in_flight:
+                break
+        assert one.reconciler._runner.in_flight, "a warm in flight"
+        clock.t += LEASES.lease_seconds - LEASES.local_margin_seconds / 2  # past the local deadline
+        one.ownership._report()  # what the heartbeat task reports when it wakes at the deadline
+        assert one.ownership.owned() == frozenset()
+        await one.reconciler.replicas.wait_cancelled()
+        await one.beat()  # renewed in time for the database: the same holding goes on
+        assert one.ownership.owned() == set(BOX_IDS)
+        engine.gate.set()
+        engine.gate = None
+        await settle(one)  # the rows left `warming` are abandoned at once (failed: the retry backoff)...
+        clock.t += RetryBackoff().initial_seconds + 1.0
+        await one.beat()
+        await settle(one)  # ...and warmed again after it, not after the 300 s warming timeout
+
+    asyncio.run(scenario())
+    assert one.reconciler.ready_box_ids() == set(BOX_IDS)
 
 
 def alone(url: str, engine: FakeEngine, clock: FakeClock) -> Reconciler:

@@ -245,6 +245,7 @@ def build_parts(
     )
     replicas = ReplicaSync(
         gate=gate,
+        clock=clock,
         store=store,
         boxes=boxes,
         profiles=profiles,

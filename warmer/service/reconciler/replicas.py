@@ -24,7 +24,7 @@ import structlog
 from warmer.core.errors import StoreError
 from warmer.core.model import BoxSpec, ModelProfile
 from warmer.core.planner import WarmupStatus
-from warmer.ports import StorePort
+from warmer.ports import Clock, StorePort
 from warmer.service.reconciler.actions import ActionRunner
 from warmer.service.reconciler.fleet_edits import FleetEdits, Rollout
 from warmer.service.reconciler.records import WarmBook
@@ -40,6 +40,7 @@ class ReplicaSync:
         *,
         gate: ReplicaGate | None,
         store: StorePort,
+        clock: Clock | None = None,
         boxes: Mapping[str, BoxSpec],
         profiles: Mapping[str, ModelProfile],
         rollout: Rollout,
@@ -68,6 +69,12 @@ class ReplicaSync:
         self._cancelling: set[asyncio.Future[None]] = set()
         # boxes gained whose previous holder's restart warm-up has not been read since the gain
         self._unread_gains: set[str] = set()
+        self._clock = clock
+        self._lost: set[str] = set()  # boxes whose lease this replica lost (its work there cancelled)
+        # box -> when this replica got it back after losing it: its own cancelled warms left `warming`
+        # rows that no task here will finish, and with the holding continuous (acquired_at kept) the
+        # planner would wait `warming_timeout_seconds` before abandoning them; trusted from then on only
+        self._regained_at: dict[str, float] = {}
 
     def owns(self, box_id: str) -> bool:
         return self._gate is None or self._gate.owns(box_id)
@@ -99,7 +106,9 @@ class ReplicaSync:
         """Verifications of the box older than this are re-probed and not routed on: this daemon's start,
         and with several replicas the current holder's acquisition of the box."""
         started = self._book.trusted_after
-        return started if self._gate is None else self._gate.trusted_after(box_id, started)
+        if self._gate is None:
+            return started
+        return max(self._gate.trusted_after(box_id, started), self._regained_at.get(box_id, started))
 
     def trusted_by_box(self) -> dict[str, float]:
         if self._gate is None:
@@ -178,6 +187,12 @@ class ReplicaSync:
     def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
         """The lease holder's report: work on a box held no more is cancelled; a pass follows."""
         self._unread_gains = (self._unread_gains | gained) - lost
+        if self._clock is not None:
+            now = self._clock.now()
+            self._regained_at.update({box_id: now for box_id in gained & self._lost})
+        self._lost = (self._lost | lost) - gained
+        for box_id in lost:  # held elsewhere now: its holder's acquisition alone says what to trust
+            self._regained_at.pop(box_id, None)
         for box_id in lost:
             live = self._health.live.get(box_id)
             if live is not None and live.warmup is WarmupStatus.RUNNING:
