@@ -17,19 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.reconciler_fakes import FakeClock, FakeEngine, replica_reconciler
-from tests.unit.test_replica_reconcilers import BOX_IDS, LEASES, Replica, replica, settle
-from warmer.adapters.store import SqlStore, upgrade_database
-from warmer.adapters.store.coordination import SqlCoordination
-from warmer.adapters.store.observations import SqlHealthExchange
+from tests.unit.reconciler_fakes import FakeClock, FakeEngine
+from tests.unit.test_replica_reconcilers import BOX_IDS, Replica, replica, settle
+from warmer.adapters.store import upgrade_database
 from warmer.core.model import WarmRecord, WarmState
 from warmer.core.observations import DEFAULT_STALE_AFTER_SECONDS
 from warmer.core.placement.ranking import rendezvous_order
 from warmer.core.planner import PrefixRef
-from warmer.service.reconciler import Reconciler
 from warmer.service.reconciler.incumbents import SharedIncumbents
-from warmer.service.replicas.ownership import BoxOwnership
-from warmer.service.replicas.replica_gate import ReplicaGate
 
 
 @pytest.fixture
@@ -109,21 +104,7 @@ def test_incumbents_are_the_boxes_holding_the_current_prefix_now_in_rendezvous_o
 
 def sharing_replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replica:
     """`replica`, with health polled by each box's lease holder only and read from the store elsewhere."""
-    store = SqlStore.from_url(url, now=clock.now)
-    coordination = SqlCoordination(store)
-    holder: list[Reconciler] = []
-    ownership = BoxOwnership(
-        coordination=coordination,
-        clock=clock,
-        config=LEASES,
-        fleet=lambda: BOX_IDS,
-        replica_id=name,
-        on_change=lambda gained, lost: holder[0].replicas.leases_changed(gained, lost) if holder else None,
-    )
-    gate = ReplicaGate(ownership=ownership, coordination=coordination, health=SqlHealthExchange(store))
-    reconciler = replica_reconciler(engine, store, clock, BOX_IDS, gate)
-    holder.append(reconciler)
-    return Replica(name, reconciler, ownership, coordination)
+    return replica(url, name, engine, clock, sharing=True)
 
 
 def test_a_holder_late_to_report_its_boxes_moves_no_agent_on_the_other_replica(url: str) -> None:

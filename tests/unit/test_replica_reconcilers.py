@@ -25,6 +25,7 @@ from tests.unit.reconciler_fakes import (
 )
 from warmer.adapters.store import SqlStore, upgrade_database
 from warmer.adapters.store.coordination import SqlCoordination
+from warmer.adapters.store.observations import SqlHealthExchange
 from warmer.core.leases import LeaseConfig
 from warmer.core.shared_state import StateChange
 from warmer.core.warmstate import RetryBackoff
@@ -56,7 +57,9 @@ class Replica:
         await self.ownership.beat()
 
 
-def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replica:
+def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock, *, sharing: bool = False) -> Replica:
+    """One replica on the shared database; `sharing`: health polled by each box's lease holder only and
+    read from the store elsewhere (`SqlHealthExchange`)."""
     store = SqlStore.from_url(url, now=clock.now)
     coordination = SqlCoordination(store)
     holder: list[Reconciler] = []
@@ -68,7 +71,8 @@ def replica(url: str, name: str, engine: FakeEngine, clock: FakeClock) -> Replic
         replica_id=name,
         on_change=lambda gained, lost: holder[0].replicas.leases_changed(gained, lost) if holder else None,
     )
-    gate = ReplicaGate(ownership=ownership, coordination=coordination)
+    health = SqlHealthExchange(store) if sharing else None
+    gate = ReplicaGate(ownership=ownership, coordination=coordination, health=health)
     reconciler = replica_reconciler(engine, store, clock, BOX_IDS, gate)
     holder.append(reconciler)
     return Replica(name, reconciler, ownership, coordination)
