@@ -67,6 +67,17 @@ async def past_the_side_probe(w: World) -> None:
     await w.reconciler.wait_idle()
 
 
+async def cool_lent_away(store_url: str) -> World:
+    """The settled world once cool's slot went to a side request and the probe after it found cool cold:
+    cool's next ask warms it."""
+    w, _, _ = await settled(store_url)
+    lent = await w.reconciler.side_slot("b1")
+    assert lent.slot is not None
+    side_request(w.engine, "b1", lent.slot)
+    await past_the_side_probe(w)
+    return w
+
+
 def slot_holds(w: World, agent_id: str) -> bool:
     """The fake engine's slot named for the agent holds exactly its prefix."""
     slot = w.reconciler.prefix_slot(agent_id, "b1")
@@ -204,11 +215,7 @@ def test_a_slot_overwritten_again_and_again_ends_in_the_backoff(store_url: str) 
     before (no warm storm); the ask is answered failed, never ready; past the backoff it is warmed again."""
 
     async def scenario() -> None:
-        w, _, _ = await settled(store_url)
-        lent = await w.reconciler.side_slot("b1")
-        assert lent.slot is not None
-        side_request(w.engine, "b1", lent.slot)
-        await past_the_side_probe(w)
+        w = await cool_lent_away(store_url)
         contested = contest(w.engine, "cool")
         charged: list[float] = []  # what the re-warms spend of the fleet budget beyond their one admission
         w.reconciler._runner._contests._charge = charged.append
@@ -244,11 +251,7 @@ def test_a_slot_overwritten_again_and_again_ends_in_the_backoff(store_url: str) 
 
 def test_an_engine_error_is_not_a_contest_and_keeps_the_backoff(store_url: str) -> None:
     async def scenario() -> None:
-        w, _, _ = await settled(store_url)
-        lent = await w.reconciler.side_slot("b1")
-        assert lent.slot is not None
-        side_request(w.engine, "b1", lent.slot)
-        await past_the_side_probe(w)
+        w = await cool_lent_away(store_url)
         failed = fail_warms(w.engine, "cool")
 
         answer = await w.reconciler.ensure_warm("cool", wait_seconds=0.5)
