@@ -40,7 +40,7 @@ class ReplicaSync:
         *,
         gate: ReplicaGate | None,
         store: StorePort,
-        clock: Clock | None = None,
+        clock: Clock,
         boxes: Mapping[str, BoxSpec],
         profiles: Mapping[str, ModelProfile],
         rollout: Rollout,
@@ -187,9 +187,8 @@ class ReplicaSync:
     def leases_changed(self, gained: frozenset[str], lost: frozenset[str]) -> None:
         """The lease holder's report: work on a box held no more is cancelled; a pass follows."""
         self._unread_gains = (self._unread_gains | gained) - lost
-        if self._clock is not None:
-            now = self._clock.now()
-            self._regained_at.update({box_id: now for box_id in gained & self._lost})
+        now = self._clock.now()
+        self._regained_at.update({box_id: now for box_id in gained & self._lost})
         self._lost = (self._lost | lost) - gained
         for box_id in lost:  # held elsewhere now: its holder's acquisition alone says what to trust
             self._regained_at.pop(box_id, None)
