@@ -98,8 +98,9 @@ class FleetPacer:
 
     def charge(self, tokens: float) -> None:
         """Engine work already admitted sends `tokens` more than its ticket said (`FleetAdmission.charge`)."""
-        self.admission.charge(tokens, self._clock.monotonic())
-        self._arm(self._clock.monotonic())
+        now = self._clock.monotonic()
+        self.admission.charge(tokens, now)
+        self._arm(now)
 
     def _pump(self) -> None:
         now = self._clock.monotonic()
